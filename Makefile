@@ -1,0 +1,38 @@
+# Two commands do all set-up on a fresh machine:
+#   make quickstart   # build .venv, fine-tune the embedded model on the shipped data (offline)
+#   make test         # build .venv, run the test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# torch is pinned: on our machines `pip install torch==2.13.0` takes a local CPU wheel, while an
+# unpinned torch in a fresh venv would download gigabytes of CUDA packages.
+TORCH  ?= torch==2.13.0
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: venv quickstart test test-all lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+venv: $(BIN)/.installed
+
+quickstart: venv
+	$(BIN)/finetune train --recipe recipes/quickstart.yaml
+	$(BIN)/finetune eval runs/quickstart
+
+test: venv
+	$(BIN)/python -m pytest -q tests
+
+lint: venv
+	$(BIN)/ruff check finetune_cli tests bench
+
+bench: venv
+	$(BIN)/python bench/train_throughput.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

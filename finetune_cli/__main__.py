@@ -1,0 +1,3 @@
+from finetune_cli.cli.main import app
+
+app()

@@ -1,0 +1,33 @@
+"""The ``finetune`` command: assembles one Typer module per subcommand."""
+
+from __future__ import annotations
+
+import typer
+
+from finetune_cli import __version__
+from finetune_cli.cli import recipes
+from finetune_cli.cli.eval import eval_cmd
+from finetune_cli.cli.train import train
+
+app = typer.Typer(
+    name="finetune",
+    help="Fine-tune pre-trained text encoders with modern objectives, and measure what they do.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("train")(train)
+app.command("eval")(eval_cmd)
+app.add_typer(recipes.app, name="recipes")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print the version and exit.")) -> None:
+    """finetune: fine-tune text encoders (BERT/RoBERTa family) with modern objectives."""

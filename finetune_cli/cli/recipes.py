@@ -1,0 +1,64 @@
+"""``finetune recipes list|show|validate``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from finetune_cli.cli.common import JsonOpt, Overrides, emit_json, handle_errors
+from finetune_cli.recipe import PACKAGED_RECIPES, load_recipe, resolve_recipe_path
+from finetune_cli.ui import UI
+
+app = typer.Typer(help="List, show and validate recipes.", no_args_is_help=True)
+
+
+def _description(path) -> str:
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+        if line.strip():
+            break
+    return ""
+
+
+@app.command("list")
+@handle_errors
+def list_cmd(json_out: JsonOpt = False) -> None:
+    """List the packaged recipes."""
+    rows = []
+    for p in sorted(PACKAGED_RECIPES.rglob("*.yaml")):
+        r = load_recipe(p)
+        rows.append({"name": str(p.relative_to(PACKAGED_RECIPES).with_suffix("")), "objective": r.objective.name,
+                     "description": _description(p)})
+    if json_out:
+        emit_json(rows)
+        return
+    from rich.table import Table
+
+    t = Table(title="packaged recipes")
+    for c in ("name", "objective", "description"):
+        t.add_column(c)
+    for row in rows:
+        t.add_row(row["name"], row["objective"], row["description"])
+    UI().print(t)
+
+
+@app.command("show")
+@handle_errors
+def show_cmd(name: Annotated[str, typer.Argument(help="Recipe name or file.")]) -> None:
+    """Print a recipe file as written."""
+    typer.echo(resolve_recipe_path(name).read_text(), nl=False)
+
+
+@app.command("validate")
+@handle_errors
+def validate_cmd(file: Annotated[str, typer.Argument(help="Recipe name or file.")], overrides: Overrides = None,
+                 json_out: JsonOpt = False) -> None:
+    """Validate a recipe (with overrides) without loading any model; print the resolved recipe."""
+    r = load_recipe(file, overrides or [])
+    if json_out:
+        emit_json(r.to_dict())
+    else:
+        typer.echo(r.to_yaml(), nl=False)
+        UI().log(f"ok: {file} is a valid recipe (objective {r.objective.name})")

@@ -1,0 +1,47 @@
+"""``finetune train``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from finetune_cli.cli.common import (DataDirOpt, DeviceOpt, JsonOpt, Overrides, QuietOpt, RecipeOpt, emit_json,
+                                     handle_errors)
+from finetune_cli.recipe import load_recipe
+from finetune_cli.ui import UI
+
+
+@handle_errors
+def train(
+    recipe: RecipeOpt,
+    overrides: Overrides = None,
+    device: DeviceOpt = "auto",
+    data_dir: DataDirOpt = None,
+    resume: Annotated[Optional[str], typer.Option(
+        "--resume", help="Resume from this checkpoint directory. Without it, a rerun into the same run "
+                         "directory resumes from its newest checkpoint.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a different run in the output directory.")] = False,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Fine-tune a model with a recipe: finetune train --recipe recipes/scl.yaml train.epochs=3"""
+    from finetune_cli.pipelines.train import run_train
+
+    r = load_recipe(recipe, overrides or [])
+    ui = UI(quiet=quiet)
+    out = run_train(r, ui, device=device, data_dir=data_dir, resume=resume, overwrite=overwrite)
+    s = out.summary
+    if json_out:
+        emit_json(s)
+        return
+    from rich.table import Table
+
+    t = Table(title=f"run {out.run_dir}", show_header=False)
+    for k in ("objective", "steps", "train_examples", "samples_per_second", "train_seconds", "device", "precision"):
+        t.add_row(k, str(s.get(k)))
+    if s.get("metric"):
+        t.add_row(f"best {s['metric']}", f"{s['best_metric']:.4f} (step {s['best_step']})")
+    for k, v in (s.get("final_eval") or {}).items():
+        t.add_row(f"final {k}", f"{v:.4f}")
+    ui.print(t)

@@ -1,0 +1,194 @@
+"""From a :class:`~finetune_cli.recipe.DataConfig` to labelled train/eval tables.
+
+Labels: class labels are mapped to ids (``data.label_names`` fixes the order; otherwise the hub's
+ClassLabel names, otherwise the sorted labels of the training set — numerically when they are
+all integers). Evaluation labels never seen in training are an error, as is a row without a label.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from finetune_cli.data import glue
+from finetune_cli.data.sources import Table, read_file, read_hub
+from finetune_cli.errors import DataError
+from finetune_cli.recipe import DataConfig
+
+DATA_DIR_ENV = "FINETUNE_DATA_DIR"
+
+
+@dataclass
+class TaskData:
+    train: Optional[Table]
+    eval: Optional[Table]
+    label_names: Optional[list[str]]  # None for regression / unlabeled
+    label_type: Optional[str]
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names) if self.label_names else 0
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        return dict(enumerate(self.label_names or []))
+
+
+def data_dir_from_env(explicit: Optional[str]) -> Optional[Path]:
+    d = explicit or os.environ.get(DATA_DIR_ENV)
+    if not d:
+        return None
+    p = Path(d).expanduser()
+    if not p.is_dir():
+        raise DataError(f"data directory not found: {d}")
+    return p
+
+
+def _colmap(cfg: DataConfig, required: tuple[str, ...]) -> dict[str, Any]:
+    cm = {k: getattr(cfg.columns, k) for k in cfg.columns.__dataclass_fields__}
+    return {k: v for k, v in cm.items() if v is not None and (k in required or k == "text_pair")}
+
+
+def _read(cfg: DataConfig, which: str, data_dir: Optional[Path], required: tuple[str, ...]) -> Optional[Table]:
+    colmap = _colmap(cfg, required)
+    if cfg.dataset:
+        name, config = glue.parse_dataset(cfg.dataset)
+        task = glue.glue_task(name, config)
+        split = cfg.train_split if which == "train" else cfg.eval_split
+        if task is not None and data_dir is not None:
+            path = glue.local_file(task, data_dir, split, cfg.train_split)
+            cm = {k: v for k, v in task.local_cols.items() if k in required or k == "text_pair"}
+            t = read_file(str(path), cm, "tsv", task.header)
+            if task.local_label_map and "label" in t.columns:
+                t.columns["label"] = [task.local_label_map.get(str(v).strip(), v) for v in t.columns["label"]]
+            t.label_names = list(task.label_names) if task.label_names else None
+            return t
+        cm = ({k: v for k, v in task.hub_cols.items() if k in required or k == "text_pair"}
+              if task is not None else colmap)
+        return read_hub(name, config, split, cm)
+    path = cfg.train if which == "train" else cfg.eval
+    if path is None:
+        return None
+    return read_file(path, colmap, cfg.format, cfg.header)
+
+
+def _is_int(s: str) -> bool:
+    try:
+        int(s)
+        return True
+    except ValueError:
+        return False
+
+
+def _check_labels_present(t: Table) -> None:
+    for i, v in enumerate(t.columns["label"]):
+        if v is None or (isinstance(v, str) and not v.strip()):
+            row = t.row_ids[i] if t.row_ids else i + 1
+            raise DataError(f"row {row} of {t.source} has no label (unlabeled data cannot train this objective)")
+
+
+def _map_class_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConfig) -> list[str]:
+    for t in (train, ev):
+        if t is not None:
+            _check_labels_present(t)
+            t.columns["label"] = [str(v).strip() for v in t.columns["label"]]
+    if cfg.label_names:
+        names = list(cfg.label_names)
+    elif train is not None and train.label_names:
+        names = list(train.label_names)
+    elif train is not None:
+        uniq = sorted(set(train.columns["label"]))
+        names = sorted(uniq, key=int) if all(_is_int(u) for u in uniq) else uniq
+    else:
+        names = sorted(set(ev.columns["label"]))  # type: ignore[union-attr]
+    index = {n: i for i, n in enumerate(names)}
+    for t, what in ((train, "training"), (ev, "evaluation")):
+        if t is None:
+            continue
+        ids = []
+        for i, v in enumerate(t.columns["label"]):
+            if v not in index:
+                row = t.row_ids[i] if t.row_ids else i + 1
+                seen = "never seen in training" if what == "evaluation" else "not in data.label_names"
+                raise DataError(f"label `{v}` in row {row} of {t.source} was {seen} (known: {', '.join(names)})")
+            ids.append(index[v])
+        t.columns["label"] = ids
+    return names
+
+
+def _map_float_labels(t: Optional[Table]) -> None:
+    if t is None:
+        return
+    _check_labels_present(t)
+    out = []
+    for i, v in enumerate(t.columns["label"]):
+        try:
+            out.append(float(v))
+        except (TypeError, ValueError):
+            row = t.row_ids[i] if t.row_ids else i + 1
+            raise DataError(f"label `{v}` in row {row} of {t.source} is not a number (this objective needs "
+                            f"a regression score)") from None
+    t.columns["label"] = out
+
+
+def few_shot_indices(labels: list[int], n: int, seed: int) -> list[int]:
+    """N examples per class, drawn without replacement with ``seed``; classes with fewer keep all."""
+    rng = np.random.default_rng(seed)
+    labels_arr = np.asarray(labels)
+    keep: list[int] = []
+    for c in sorted(set(labels)):
+        idx = np.flatnonzero(labels_arr == c)
+        keep.extend(rng.choice(idx, size=min(n, len(idx)), replace=False).tolist())
+    return sorted(keep)
+
+
+def subsample(t: Table, n: int, seed: int) -> Table:
+    if len(t) <= n:
+        return t
+    rng = np.random.default_rng(seed)
+    return t.select(sorted(rng.choice(len(t), size=n, replace=False).tolist()))
+
+
+def load_task_data(cfg: DataConfig, *, seed: int, label_type: Optional[str], required_columns: tuple[str, ...],
+                   data_dir: Optional[Path] = None, need_train: bool = True, need_eval: bool = False,
+                   min_classes: int = 1) -> TaskData:
+    """Read, validate and label-map the train (and eval) data for an objective's contract."""
+    if cfg.dataset is None and cfg.train is None and cfg.eval is None:
+        raise DataError("the recipe names no data: set data.dataset (hub / GLUE task) or data.train and data.eval")
+    if need_train and cfg.dataset is None and cfg.train is None:
+        raise DataError("the recipe names no training data: set data.train (or data.dataset)")
+    seed = cfg.seed if cfg.seed is not None else seed
+    train = _read(cfg, "train", data_dir, required_columns) if need_train else None
+    ev = _read(cfg, "eval", data_dir, required_columns) if (need_eval or cfg.eval or cfg.dataset) else None
+    if need_eval and ev is None:
+        raise DataError("no evaluation data: set data.eval (or data.dataset with data.eval_split)")
+    for t, what in ((train, "training"), (ev, "evaluation")):
+        if t is not None and len(t) == 0:
+            raise DataError(f"{what} data {t.source} is empty")
+        if t is not None:
+            for col in required_columns:
+                if col not in t.columns:
+                    raise DataError(f"{what} data {t.source} has no `{col}` column (set data.columns.{col})")
+    names: Optional[list[str]] = None
+    if label_type == "class":
+        names = _map_class_labels(train, ev, cfg)
+        if train is not None and len(set(train.columns["label"])) < min_classes:
+            raise DataError(f"training data {train.source} has {len(set(train.columns['label']))} class(es); "
+                            f"this objective needs at least {min_classes}")
+    elif label_type == "float":
+        _map_float_labels(train)
+        _map_float_labels(ev)
+    if train is not None:
+        if cfg.few_shot:
+            if label_type != "class":
+                raise DataError("data.few_shot needs class labels (N examples per class)")
+            train = train.select(few_shot_indices(train.columns["label"], cfg.few_shot, seed))
+        elif cfg.max_train_samples:
+            train = subsample(train, cfg.max_train_samples, seed)
+    if ev is not None and cfg.max_eval_samples:
+        ev = subsample(ev, cfg.max_eval_samples, seed)
+    return TaskData(train, ev, names, label_type)

@@ -1,0 +1,401 @@
+"""The one training loop, for every objective.
+
+What it does: device placement and mixed precision through ``accelerate`` (so ``accelerate
+launch`` / ``torchrun`` run it on many processes unchanged), AdamW with linear warm-up and decay,
+gradient accumulation and clipping, evaluation every N steps, early stopping, the best checkpoint
+by a chosen metric, atomic checkpoints and exact resume, progress and ``metrics.jsonl``.
+
+What it does not do: compute a loss. It calls ``objective(model, batch)`` and reads ``"loss"`` and
+the objective's declared ``parts``; it never looks at which objective it runs.
+
+Exact resume: a checkpoint holds the model, optimizer, scheduler, every RNG state and the data
+position (epoch, batches consumed). Batches of an epoch are a pure function of (seed, epoch), and
+no DataLoader iterator draws from the global RNG, so a resumed run replays the same batches with
+the same dropout masks and ends with the same weights as a run that never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import shutil
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from finetune_cli.data.encode import EncodedData, collate, to_device
+from finetune_cli.data.sampling import epoch_batches
+from finetune_cli.errors import TrainingError
+from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, clean_stale_temps
+from finetune_cli.recipe import TrainConfig
+
+STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # epoch the next batch comes from
+    batch_in_epoch: int = 0  # batches of that epoch already trained on
+    samples_seen: int = 0
+    train_seconds: float = 0.0
+    best_metric: Optional[float] = None
+    best_step: Optional[int] = None
+    evals_without_improvement: int = 0
+    last_eval: dict[str, float] = field(default_factory=dict)
+    stopped_early: bool = False
+    # Loss sums since the last log line, so a resumed run logs the same averages.
+    log_window: dict[str, float] = field(default_factory=dict)
+    log_window_steps: int = 0
+
+
+@dataclass
+class TrainResult:
+    state: TrainState
+    total_steps: int
+    device: str
+    precision: str
+    samples_per_second: float
+    interrupted: bool = False
+
+
+class Interrupted(Exception):
+    """Raised after a Ctrl-C / SIGTERM checkpoint has been written."""
+
+    def __init__(self, checkpoint: Optional[Path]):
+        super().__init__(str(checkpoint))
+        self.checkpoint = checkpoint
+
+
+# ---- RNG --------------------------------------------------------------------------------------
+
+def capture_rng() -> dict[str, Any]:
+    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def restore_rng(st: dict[str, Any]) -> None:
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["torch"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+# ---- device -----------------------------------------------------------------------------------
+
+def make_accelerator(device: str, precision: str):
+    """``device``: auto | cpu | cuda | cuda:N. ``precision``: auto (bf16 on a GPU that has it) |
+    fp32 | bf16 | fp16 (fp16 uses a gradient scaler; GPU only)."""
+    from accelerate import Accelerator
+
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise TrainingError(f"--device {device}: no CUDA device is available on this machine")
+        if ":" in device:
+            idx = int(device.split(":", 1)[1])
+            if idx >= torch.cuda.device_count():
+                raise TrainingError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+            torch.cuda.set_device(idx)
+    use_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    if precision == "auto":
+        mp = "bf16" if (not use_cpu and torch.cuda.is_bf16_supported()) else "no"
+    elif precision == "fp32":
+        mp = "no"
+    else:
+        if use_cpu and precision == "fp16":
+            raise TrainingError("precision fp16 needs a GPU; use fp32 or bf16 on the CPU")
+        mp = precision
+    return Accelerator(cpu=use_cpu, mixed_precision=mp)
+
+
+def _param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
+    """No weight decay on biases and norms (BERT's recipe); the new heads may get their own lr."""
+    groups: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        no_decay = p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name or name.endswith(".bias")
+        head = not name.startswith("encoder.")
+        groups.setdefault((no_decay, head), []).append(p)
+    out = []
+    for (no_decay, head), params in sorted(groups.items()):
+        out.append({"params": params, "weight_decay": 0.0 if no_decay else cfg.weight_decay,
+                    "lr": (cfg.head_lr or cfg.lr) if head else cfg.lr})
+    return out
+
+
+def checkpoint_step(p: Path) -> int:
+    m = re.fullmatch(r"checkpoint-(\d+)", p.name)
+    return int(m.group(1)) if m else -1
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    return sorted((p for p in run_dir.glob("checkpoint-*") if checkpoint_step(p) >= 0 and (p / STATE_FILE).is_file()),
+                  key=checkpoint_step)
+
+
+class Trainer:
+    """Runs one training job into ``run_dir``.
+
+    Args:
+        model: a ``TextModel`` (already holding checkpoint weights when resuming).
+        objective: an ``Objective``.
+        train_data: tokenised training set.
+        cfg: the recipe's ``train`` section.
+        run_dir: where checkpoints, ``metrics.jsonl`` and models go.
+        save_model: ``save_model(model, out_dir)`` writes a loadable model folder.
+        evaluate: ``evaluate(model) -> {metric: value}`` on the evaluation set, or None.
+        sampler: name of the batch sampler (``Objective.sampler``, or ``random`` when
+            ``data.group_by_length`` is off).
+        callbacks: ``cb(trainer, state)`` after each optimizer step (tests use it to interrupt).
+    """
+
+    def __init__(self, model, objective, train_data: EncodedData, cfg: TrainConfig, run_dir: Path, *, pad_id: int,
+                 save_model: Callable[[Any, Path], None], evaluate: Optional[Callable[[Any], dict[str, float]]],
+                 ui, recipe_yaml: str, device: str = "auto", sampler: str = "length_grouped",
+                 callbacks: Sequence[Callable[[Trainer, TrainState], None]] = ()):
+        self.cfg, self.run_dir, self.ui = cfg, Path(run_dir), ui
+        self.train_data, self.pad_id = train_data, pad_id
+        self.save_model_fn, self.evaluate_fn = save_model, evaluate
+        self.recipe_yaml, self.sampler, self.callbacks = recipe_yaml, sampler, list(callbacks)
+        self.acc = make_accelerator(device, cfg.precision)
+        self.rank, self.world = self.acc.process_index, self.acc.num_processes
+        self.steps_per_epoch = math.ceil(len(epoch_batches(sampler, train_data.lengths, train_data.labels,
+                                                           cfg.batch_size, cfg.seed, 0, self.rank, self.world))
+                                         / cfg.grad_accum)
+        if self.steps_per_epoch == 0:
+            raise TrainingError(f"training set of {len(train_data)} examples gives no full step with batch size "
+                                f"{cfg.batch_size} on {self.world} processes")
+        self.total_steps = cfg.max_steps or math.ceil(cfg.epochs * self.steps_per_epoch)
+        opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr)
+        from transformers import get_linear_schedule_with_warmup
+
+        self.scheduler = get_linear_schedule_with_warmup(opt, int(cfg.warmup_ratio * self.total_steps), self.total_steps)
+        self.model, self.optimizer = self.acc.prepare(model, opt)
+        self.objective = objective.to(self.acc.device)
+        self.metric_greater = cfg.greater_is_better if cfg.greater_is_better is not None else (
+            "loss" not in cfg.metric)
+        self.state = TrainState()
+        self._stop_signal = False
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    @property
+    def is_main(self) -> bool:
+        return self.acc.is_main_process
+
+    def unwrapped(self):
+        return self.acc.unwrap_model(self.model)
+
+    def save_checkpoint(self, rng: Optional[dict[str, Any]] = None) -> Path:
+        """Write ``checkpoint-<step>/`` atomically (a temp dir renamed into place), then prune."""
+        target = self.run_dir / f"checkpoint-{self.state.step}"
+        if self.is_main:
+            with atomic_dir(target) as tmp:
+                self.save_model_fn(self.unwrapped(), tmp / "model")
+                torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+                torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+                if self.acc.scaler is not None:
+                    torch.save(self.acc.scaler.state_dict(), tmp / "scaler.pt")
+                torch.save(rng or capture_rng(), tmp / "rng.pt")
+                (tmp / "recipe.yaml").write_text(self.recipe_yaml)
+                (tmp / STATE_FILE).write_text(json.dumps(asdict(self.state), indent=2))
+            keep = {self.state.step}
+            for old in list_checkpoints(self.run_dir)[: -self.cfg.keep_checkpoints]:
+                if checkpoint_step(old) not in keep:
+                    shutil.rmtree(old, ignore_errors=True)
+        self.acc.wait_for_everyone()
+        return target
+
+    def load_checkpoint(self, ck: Path) -> None:
+        """Restore optimizer, scheduler, state and RNG (the model was loaded from ``ck/model``)."""
+        self.optimizer.load_state_dict(torch.load(ck / "optimizer.pt", map_location="cpu", weights_only=False))
+        self.scheduler.load_state_dict(torch.load(ck / "scheduler.pt", map_location="cpu", weights_only=False))
+        if self.acc.scaler is not None and (ck / "scaler.pt").is_file():
+            self.acc.scaler.load_state_dict(torch.load(ck / "scaler.pt", weights_only=False))
+        self.state = TrainState(**json.loads((ck / STATE_FILE).read_text()))
+        self._resume_rng = torch.load(ck / "rng.pt", weights_only=False)
+        self._truncate_metrics(self.state.step)
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop metric lines logged after the checkpoint we resume from (they will be logged again)."""
+        f = self.run_dir / "metrics.jsonl"
+        if not (self.is_main and f.is_file()):
+            return
+        keep = [ln for ln in f.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        atomic_write_text(f, "".join(ln + "\n" for ln in keep))
+
+    def _log_metrics(self, record: dict[str, Any]) -> None:
+        if self.is_main:
+            with (self.run_dir / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    def _evaluate(self, progress) -> Optional[dict[str, float]]:
+        if self.evaluate_fn is None:
+            return None
+        model = self.unwrapped()
+        model.eval()
+        with torch.no_grad(), self.acc.autocast():
+            metrics = self.evaluate_fn(model)
+        model.train()
+        if self.cfg.metric not in metrics:
+            raise TrainingError(f"train.metric `{self.cfg.metric}` is not computed here (have: {', '.join(metrics)})")
+        st = self.state
+        st.last_eval = metrics
+        value = metrics[self.cfg.metric]
+        better = st.best_metric is None or (value > st.best_metric if self.metric_greater else value < st.best_metric)
+        if better:
+            st.best_metric, st.best_step, st.evals_without_improvement = value, st.step, 0
+            if self.is_main:
+                with atomic_dir(self.run_dir / "best") as tmp:
+                    self.save_model_fn(self.unwrapped(), tmp)
+                    atomic_write_json(tmp / "eval_metrics.json", {"step": st.step, **metrics})
+        else:
+            st.evals_without_improvement += 1
+        self._log_metrics({"step": st.step, "epoch": st.epoch, **{f"eval/{k}": v for k, v in metrics.items()}})
+        shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        progress.log(f"eval @ step {st.step}: {shown}{'  (best)' if better else ''}")
+        pat = self.cfg.early_stopping_patience
+        if pat is not None and st.evals_without_improvement >= pat:
+            st.stopped_early = True
+        return metrics
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def _on_signal(self, signum, frame):  # SIGTERM -> same path as Ctrl-C
+        raise KeyboardInterrupt
+
+    def train(self, resume_from: Optional[Path] = None) -> TrainResult:
+        cfg, st = self.cfg, self.state
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        clean_stale_temps(self.run_dir)
+        if resume_from is not None:
+            self.load_checkpoint(resume_from)
+            st = self.state
+            restore_rng(self._resume_rng)
+        else:
+            seed_everything(cfg.seed)
+        old_handler = signal.getsignal(signal.SIGTERM)
+        try:
+            signal.signal(signal.SIGTERM, self._on_signal)
+        except ValueError:  # not the main thread
+            old_handler = None
+        self.model.train()
+        eval_every = cfg.eval_every or self.steps_per_epoch
+        save_every = cfg.save_every or eval_every
+        last_eval_step = st.step if resume_from is not None else -1
+        last_save_step = st.step if resume_from is not None else -1
+        window_samples, window_time = 0, 0.0
+        rng_at_step_start = capture_rng()
+        try:
+            with self.ui.progress(self.total_steps, "train") as progress:
+                progress.update(st.step)
+                epoch = st.epoch
+                while st.step < self.total_steps and not st.stopped_early:
+                    batches = epoch_batches(self.sampler, self.train_data.lengths, self.train_data.labels,
+                                            cfg.batch_size, cfg.seed, epoch, self.rank, self.world)
+                    i = st.batch_in_epoch if epoch == st.epoch else 0
+                    while i < len(batches) and st.step < self.total_steps and not st.stopped_early:
+                        t0 = time.perf_counter()
+                        micro = batches[i:i + cfg.grad_accum]
+                        parts_sum: dict[str, float] = {}
+                        n_samples = 0
+                        for j, idx in enumerate(micro):
+                            batch = to_device(collate(self.train_data, idx, self.pad_id), self.acc.device)
+                            sync = j == len(micro) - 1
+                            ctx = self.acc.no_sync(self.model) if not sync and self.world > 1 else _null()
+                            with ctx, self.acc.autocast():
+                                out = self.objective(self.model, batch)
+                            loss = out["loss"]
+                            if not torch.isfinite(loss.detach()).all():
+                                good = list_checkpoints(self.run_dir)
+                                raise TrainingError(
+                                    f"loss is {loss.item()} at step {st.step + 1} (epoch {epoch + 1}); stopped. "
+                                    f"Last good checkpoint: {good[-1] if good else 'none'}")
+                            self.acc.backward(loss / len(micro))
+                            parts_sum["loss"] = parts_sum.get("loss", 0.0) + float(loss.detach())
+                            for k in self.objective.parts:
+                                if k in out:
+                                    parts_sum[k] = parts_sum.get(k, 0.0) + float(out[k])
+                            n_samples += len(idx)
+                        if cfg.max_grad_norm is not None:
+                            self.acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                        self.optimizer.step()
+                        self.scheduler.step()
+                        self.optimizer.zero_grad(set_to_none=True)
+                        i += len(micro)
+                        st.step += 1
+                        st.epoch, st.batch_in_epoch = epoch, i
+                        # Nothing until the next step draws random numbers (evaluation and saving
+                        # do not), so this is the RNG state the next step starts from.
+                        rng_at_step_start = capture_rng()
+                        st.samples_seen += n_samples * self.world
+                        dt = time.perf_counter() - t0
+                        st.train_seconds += dt
+                        for k, v in parts_sum.items():
+                            st.log_window[k] = st.log_window.get(k, 0.0) + v / len(micro)
+                        st.log_window_steps += 1
+                        window_samples += n_samples * self.world
+                        window_time += dt
+                        if st.step % cfg.log_every == 0 or st.step == self.total_steps:
+                            el = window_time  # training time only: evaluation and saving excluded
+                            rec = {"step": st.step, "epoch": round(epoch + i / len(batches), 4),
+                                   "lr": self.scheduler.get_last_lr()[0],
+                                   **{k: v / st.log_window_steps for k, v in st.log_window.items()},
+                                   "samples_per_s": window_samples / el if el > 0 else None}
+                            self._log_metrics(rec)
+                            info = f"loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  {rec['samples_per_s'] or 0:.1f} sent/s"
+                            progress.update(st.step, info, force_line=True)
+                            st.log_window, st.log_window_steps = {}, 0
+                            window_samples, window_time = 0, 0.0
+                        else:
+                            progress.update(st.step)
+                        if st.step % eval_every == 0 or st.step == self.total_steps:
+                            self._evaluate(progress)
+                            last_eval_step = st.step
+                        if st.step % save_every == 0 or st.step == self.total_steps or st.stopped_early:
+                            self.save_checkpoint()
+                            last_save_step = st.step
+                        for cb in self.callbacks:
+                            cb(self, st)
+                    if i >= len(batches):
+                        epoch += 1
+                        st.epoch, st.batch_in_epoch = epoch, 0
+                if st.step != last_eval_step:
+                    self._evaluate(progress)
+                if st.step != last_save_step:
+                    self.save_checkpoint()
+        except KeyboardInterrupt:
+            # Model weights are those of the last completed step; save them with the RNG state
+            # from the start of the step that was cut short, so a resume replays it exactly.
+            ck = self.save_checkpoint(rng=rng_at_step_start) if st.step > 0 else None
+            raise Interrupted(ck) from None
+        finally:
+            if old_handler is not None:
+                signal.signal(signal.SIGTERM, old_handler)
+        sps = st.samples_seen / st.train_seconds if st.train_seconds > 0 else 0.0
+        return TrainResult(st, self.total_steps, str(self.acc.device), self.acc.mixed_precision, sps)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False

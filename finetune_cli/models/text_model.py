@@ -1,0 +1,126 @@
+"""An encoder with pooling and optional heads: the one model every objective trains.
+
+``TextModel(features)`` returns a :class:`ModelOutput` with the pooled sentence embedding, the
+classification logits (when a classifier head exists) and the projection (when a projection head
+exists). Objectives call the model themselves, so that R3F can add noise to the input embeddings
+and SimCSE can encode a doubled batch; see ``objectives/base.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+POOLINGS = ("cls", "mean", "pooler")
+
+
+def pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor, how: str,
+         pooler_output: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Pool token states into one vector per sequence.
+
+    ``mean`` averages the non-padding tokens (sentence-transformers' default), ``cls`` takes the
+    first token, ``pooler`` the encoder's own pooler (tanh(W·h_cls), as in BERT's NSP head).
+    """
+    if how == "cls":
+        return last_hidden[:, 0]
+    if how == "mean":
+        m = attention_mask.unsqueeze(-1).to(last_hidden.dtype)
+        return (last_hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    if how == "pooler":
+        if pooler_output is None:
+            raise ValueError("pooling `pooler` needs an encoder with a pooler layer (this one has none)")
+        return pooler_output
+    raise ValueError(f"unknown pooling `{how}`; choose one of {', '.join(POOLINGS)}")
+
+
+class ClassificationHead(nn.Module):
+    """dropout → linear. With ``spectral_norm`` the linear map is 1-Lipschitz (R4F)."""
+
+    def __init__(self, hidden: int, num_labels: int, dropout: float, spectral_norm: bool = False):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.out_proj = nn.Linear(hidden, num_labels)
+        self.spectral_norm = spectral_norm
+        if spectral_norm:
+            self.out_proj = nn.utils.parametrizations.spectral_norm(self.out_proj)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.dropout(x))
+
+
+class ProjectionHead(nn.Module):
+    """Linear → tanh, the MLP SimCSE puts over the [CLS] vector during training."""
+
+    def __init__(self, hidden: int, out: Optional[int] = None):
+        super().__init__()
+        self.dense = nn.Linear(hidden, out or hidden)
+        self.act = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))
+
+
+@dataclass
+class ModelOutput:
+    embeddings: torch.Tensor
+    logits: Optional[torch.Tensor] = None
+    projection: Optional[torch.Tensor] = None
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """What sits on top of the encoder; saved as ``finetune_model.json`` beside the weights."""
+
+    pooling: str = "mean"
+    num_labels: int = 0
+    classifier_dropout: float = 0.1
+    spectral_norm: bool = False
+    projection: bool = False
+    problem_type: str = "single_label_classification"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class TextModel(nn.Module):
+    def __init__(self, encoder: nn.Module, spec: HeadSpec):
+        super().__init__()
+        self.encoder = encoder
+        self.spec = spec
+        hidden = encoder.config.hidden_size
+        self.classifier = (ClassificationHead(hidden, spec.num_labels, spec.classifier_dropout, spec.spectral_norm)
+                           if spec.num_labels > 0 else None)
+        self.projection = ProjectionHead(hidden) if spec.projection else None
+
+    @property
+    def config(self):  # the encoder's HF config (id2label, label2id, ...)
+        return self.encoder.config
+
+    def forward(self, features: dict[str, torch.Tensor], noise: Optional[tuple[str, float]] = None,
+                ) -> ModelOutput:
+        """Encode one tokenised batch.
+
+        Args:
+            features: ``input_ids``, ``attention_mask`` and optionally ``token_type_ids``.
+            noise: ``("uniform", eps)`` or ``("normal", eps)`` adds noise to the input token
+                embeddings (before position/type embeddings are added), as R3F does.
+        """
+        kwargs = {k: v for k, v in features.items() if k in ("attention_mask", "token_type_ids")}
+        if noise is None:
+            out = self.encoder(input_ids=features["input_ids"], **kwargs)
+        else:
+            kind, eps = noise
+            emb = self.encoder.get_input_embeddings()(features["input_ids"])
+            if kind == "uniform":
+                z = torch.empty_like(emb).uniform_(-eps, eps)
+            else:
+                z = torch.randn_like(emb) * eps
+            out = self.encoder(inputs_embeds=emb + z, **kwargs)
+        pooled = pool(out.last_hidden_state, features["attention_mask"], self.spec.pooling,
+                      getattr(out, "pooler_output", None))
+        logits = self.classifier(pooled) if self.classifier is not None else None
+        proj = self.projection(pooled) if self.projection is not None else None
+        return ModelOutput(embeddings=pooled, logits=logits, projection=proj)

@@ -1,0 +1,58 @@
+"""The objective interface.
+
+An objective is a small ``nn.Module`` whose constructor takes only hyper-parameters. It computes
+the loss for one batch: ``forward(model, batch) -> {"loss": total, <part>: value, ...}``. The
+named parts are logged separately in ``metrics.jsonl``.
+
+Why ``forward`` takes the model rather than its outputs (DESIGN.md said ``model_outputs``): R3F
+must run the encoder a second time with noise on the input embeddings and SimCSE encodes a doubled
+batch, so a loop that ran the model once for every objective would have to know which objective it
+is running — the switch STYLE.md forbids. The model is called only inside objectives; the engine
+never looks at a model output.
+
+The data contract is declared as class attributes, read by the pipelines and the recipe validator:
+
+* ``required_columns``: logical columns the data must provide (``text``, ``text_pair``, ``label``…)
+* ``label_type``: ``"class"``, ``"float"`` or ``None`` (unlabeled)
+* ``min_classes``: the fewest distinct labels the objective is defined for
+* ``needs_classifier`` / ``needs_projection`` / ``spectral_norm_head``: which heads the model needs
+* ``sampler``: name of the batch sampler in ``data.sampling.SAMPLERS``
+* ``encoding``: ``"joint"`` (text and text_pair in one sequence, the cross-encoder) or
+  ``"separate"`` (each text column encoded on its own, for bi-encoders)
+* ``parts``: names of the loss components returned besides ``loss``
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Optional
+
+from torch import nn
+
+
+class Objective(nn.Module):
+    name: ClassVar[str] = ""
+    required_columns: ClassVar[tuple[str, ...]] = ("text", "label")
+    label_type: ClassVar[Optional[str]] = "class"
+    min_classes: ClassVar[int] = 2
+    needs_classifier: ClassVar[bool] = True
+    needs_projection: ClassVar[bool] = False
+    spectral_norm_head: ClassVar[bool] = False
+    sampler: ClassVar[str] = "length_grouped"
+    encoding: ClassVar[str] = "joint"
+    parts: ClassVar[tuple[str, ...]] = ()
+
+    def forward(self, model: nn.Module, batch: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover
+        raise NotImplementedError
+
+
+def check_range(name: str, value: float, *, gt: Optional[float] = None, ge: Optional[float] = None,
+                lt: Optional[float] = None, le: Optional[float] = None) -> None:
+    """Raise ``ValueError("<name> must be ...")`` when ``value`` is outside the bounds."""
+    if gt is not None and not value > gt:
+        raise ValueError(f"{name} must be > {gt}, got {value}")
+    if ge is not None and not value >= ge:
+        raise ValueError(f"{name} must be >= {ge}, got {value}")
+    if lt is not None and not value < lt:
+        raise ValueError(f"{name} must be < {lt}, got {value}")
+    if le is not None and not value <= le:
+        raise ValueError(f"{name} must be <= {le}, got {value}")

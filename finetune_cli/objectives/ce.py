@@ -1,0 +1,48 @@
+"""Cross-entropy, the baseline every other objective is measured against."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from finetune_cli.objectives.base import Objective, check_range
+from finetune_cli.objectives.registry import register
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Mean cross-entropy; with smoothing ε the target is (1−ε)·onehot + ε/C."""
+    return F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
+
+
+@register("ce")
+class CrossEntropy(Objective):
+    r"""Cross-entropy on the classifier's logits.
+
+    .. math:: L = -\frac{1}{N}\sum_i \sum_c q_{ic} \log \mathrm{softmax}(f(x_i))_c,
+              \quad q_i = (1-\varepsilon)\,\mathrm{onehot}(y_i) + \varepsilon / C
+
+    Paper: label smoothing from Szegedy et al., "Rethinking the Inception Architecture",
+    CVPR 2016 (arXiv 1512.00567).
+
+    Args:
+        label_smoothing: ε in [0, 1). Default 0 (plain cross-entropy).
+
+    Inputs: ``text`` (and optional ``text_pair``) with a class ``label``.
+
+    Relations: ``scl``, ``core_tuning``, ``r3f``/``r4f`` add a term to this loss; ``focal`` with
+    γ=0 and no α equals it exactly.
+    """
+
+    parts = ("ce",)
+
+    def __init__(self, label_smoothing: float = 0.0):
+        super().__init__()
+        check_range("label_smoothing", label_smoothing, ge=0.0, lt=1.0)
+        self.label_smoothing = label_smoothing
+
+    def forward(self, model, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        out = model(batch["features"][0])
+        loss = cross_entropy(out.logits, batch["labels"], self.label_smoothing)
+        return {"loss": loss, "ce": loss.detach()}

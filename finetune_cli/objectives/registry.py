@@ -1,0 +1,89 @@
+"""Objectives by short name. Each module in this package registers its class with ``@register``;
+modules are discovered, so adding an objective is adding one file."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import pkgutil
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from finetune_cli.objectives.base import Objective
+
+_REGISTRY: dict[str, type[Objective]] = {}
+_LOADED = False
+
+
+def register(name: str):
+    def deco(cls: type[Objective]) -> type[Objective]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise RuntimeError(f"objective name `{name}` registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return deco
+
+
+def _load_all() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    import finetune_cli.objectives as pkg
+
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if mod.name not in ("base", "registry") and not mod.name.startswith("_"):
+            importlib.import_module(f"finetune_cli.objectives.{mod.name}")
+    _LOADED = True
+
+
+def names() -> list[str]:
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> type[Objective]:
+    from finetune_cli.recipe import RecipeError
+
+    _load_all()
+    if name not in _REGISTRY:
+        m = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+        hint = f"; did you mean `{m[0]}`?" if m else ""
+        raise RecipeError(f"unknown objective `{name}`{hint} (known: {', '.join(sorted(_REGISTRY))})")
+    return _REGISTRY[name]
+
+
+def hyperparameters(cls: type[Objective]) -> dict[str, inspect.Parameter]:
+    sig = inspect.signature(cls.__init__)
+    return {k: p for k, p in sig.parameters.items()
+            if k != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def validate_params(name: str, params: Mapping[str, Any], where: str = "objective", src: str = "<recipe>",
+                    ) -> dict[str, Any]:
+    """Check ``params`` against the objective's constructor and its own range checks."""
+    from finetune_cli.recipe import RecipeError, _coerce
+
+    cls = get(name)
+    hp = hyperparameters(cls)
+    hints = typing.get_type_hints(cls.__init__)
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if key not in hp:
+            m = difflib.get_close_matches(key, list(hp), n=1, cutoff=0.5)
+            hint = f"; did you mean `{where}.{m[0]}`?" if m else (
+                f"; `{name}` takes {', '.join(hp) or 'no parameters'}")
+            raise RecipeError(f"unknown key `{where}.{key}` in {src} for objective `{name}`{hint}")
+        ann = hints.get(key)
+        out[key] = _coerce(value, ann, f"{where}.{key}", src) if ann is not None else value
+    try:
+        cls(**out)
+    except (ValueError, TypeError) as e:
+        raise RecipeError(f"invalid `{where}` in {src} for objective `{name}`: {e}") from None
+    return out
+
+
+def build(name: str, params: Mapping[str, Any]) -> Objective:
+    return get(name)(**dict(params))

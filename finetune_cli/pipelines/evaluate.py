@@ -1,0 +1,72 @@
+"""``finetune eval``: a trained model (run directory, model folder or hub id) on a labelled set."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import yaml
+
+from finetune_cli.data.tasks import data_dir_from_env
+from finetune_cli.engine.inference import forward_all
+from finetune_cli.errors import DataError, ModelError
+from finetune_cli.models.loading import is_run_dir, load_text_model
+from finetune_cli.pipelines.common import encode, evaluate_logits, load_data, objective_class
+from finetune_cli.recipe import Recipe, apply_overrides, build_recipe, load_recipe
+
+
+@dataclass
+class EvalResult:
+    model: str
+    data: str
+    examples: int
+    metrics: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError(f"--device {device}: no CUDA device is available on this machine")
+    return torch.device(device)
+
+
+def eval_recipe(model: str, recipe_path: Optional[str], overrides: list[str]) -> Recipe:
+    """The recipe that says which data to read: ``--recipe``, else the run directory's own."""
+    if recipe_path is not None:
+        return load_recipe(recipe_path, overrides)
+    p = Path(model)
+    stored = p / "recipe.yaml"
+    if p.is_dir() and is_run_dir(p):
+        data = yaml.safe_load(stored.read_text()) or {}
+        return build_recipe(apply_overrides(data, overrides), str(stored))
+    if overrides:
+        return build_recipe(apply_overrides({}, overrides), "<command line>")
+    raise DataError(f"no evaluation data: {model} is not a run directory; pass --recipe or data.eval=FILE")
+
+
+def run_eval(model_name: str, recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[str] = None,
+             batch_size: Optional[int] = None) -> EvalResult:
+    cls = objective_class(recipe)
+    model, tokenizer, path = load_text_model(model_name)
+    if model.classifier is None:
+        raise ModelError(f"model {path} has no classification head; `finetune eval` of classification needs one")
+    id2label = getattr(model.config, "id2label", None) or {}
+    names = [id2label[i] for i in sorted(id2label)] if cls.label_type == "class" else None
+    cfg = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, label_names=names))
+    data = load_data(cfg, cls, data_dir_from_env(data_dir), need_train=False, need_eval=True)
+    assert data.eval is not None
+    enc = encode(recipe, cls, data.eval, tokenizer)
+    dev = pick_device(device)
+    model.to(dev)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    with ui.progress(len(enc), "eval", transient=True) as prog:
+        logits = forward_all(model, enc, batch_size or recipe.train.eval_batch_size, pad, dev, progress=prog)["logits"]
+    metrics = evaluate_logits(cls.label_type, logits, enc.labels)
+    return EvalResult(model=path, data=data.eval.source, examples=len(enc), metrics=metrics)

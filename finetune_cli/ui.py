@@ -1,0 +1,93 @@
+"""All terminal output: one rich Console on stderr, progress, log lines and errors.
+
+Human output goes to stderr so that ``--json`` output on stdout stays machine-readable. When
+stderr is not a terminal, or ``CI`` is set, progress becomes plain log lines.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Optional
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+
+def _plain() -> bool:
+    return bool(os.environ.get("CI")) or not sys.stderr.isatty()
+
+
+class UI:
+    """The one place that writes to the terminal. Pipelines receive an instance."""
+
+    def __init__(self, quiet: bool = False, console: Optional[Console] = None):
+        self.console = console or Console(stderr=True, highlight=False, soft_wrap=True,
+                                          force_terminal=None if not _plain() else False)
+        self.quiet = quiet
+        self.plain = _plain()
+
+    def log(self, msg: str) -> None:
+        if not self.quiet:
+            self.console.print(msg, markup=False)
+
+    def rule(self, title: str) -> None:
+        if not self.quiet:
+            self.console.rule(title) if not self.plain else self.console.print(f"== {title} ==", markup=False)
+
+    def print(self, obj: Any) -> None:
+        self.console.print(obj)
+
+    def error(self, msg: str) -> None:
+        self.console.print(f"error: {msg}", markup=False, style="bold red" if not self.plain else None)
+
+    def warn(self, msg: str) -> None:
+        self.console.print(f"warning: {msg}", markup=False, style="yellow" if not self.plain else None)
+
+    def progress(self, total: int, description: str, transient: bool = False) -> ProgressHandle:
+        return ProgressHandle(self, total, description, transient)
+
+
+class ProgressHandle:
+    """A progress bar (TTY) or periodic plain lines (CI / pipes); same calls either way."""
+
+    def __init__(self, ui: UI, total: int, description: str, transient: bool):
+        self.ui, self.total, self.description = ui, total, description
+        self._bar: Optional[Progress] = None
+        self._task = None
+        self._last_plain = 0.0
+        self.transient = transient
+
+    def __enter__(self) -> ProgressHandle:
+        if not self.ui.quiet and not self.ui.plain:
+            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                                 console=self.ui.console, transient=self.transient)
+            self._bar.__enter__()
+            self._task = self._bar.add_task(self.description, total=self.total, info="")
+        return self
+
+    def update(self, completed: int, info: str = "", force_line: bool = False) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=completed, info=info)
+        elif not self.ui.quiet and force_line:
+            self.ui.log(f"{self.description} {completed}/{self.total} {info}".rstrip())
+
+    def log(self, msg: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(msg, markup=False)
+        else:
+            self.ui.log(msg)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+
+def fmt_rate(n: float, seconds: float) -> str:
+    return f"{n / seconds:.1f}" if seconds > 0 else "-"
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,170 @@
+"""The training engine: run layout, exact resume after Ctrl-C or a crash, NaN handling, atomic saves."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from finetune_cli.engine.trainer import Trainer
+from finetune_cli.errors import TrainingError
+from finetune_cli.pipelines.train import run_train
+from finetune_cli.recipe import load_recipe
+from finetune_cli.ui import UI
+
+
+def _weights(d):
+    w = load_file(str(d / "model.safetensors"))
+    w.update({f"head.{k}": v for k, v in load_file(str(d / "finetune_head.safetensors")).items()})
+    return w
+
+
+def _assert_same_weights(a, b):
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+def _train(overrides, callbacks=()):
+    return run_train(load_recipe(None, overrides), UI(quiet=True), device="cpu", callbacks=callbacks)
+
+
+def test_run_directory_layout(tiny_recipe):
+    out = _train(tiny_recipe("train.eval_every=4"))
+    d = out.run_dir
+    for name in ("recipe.yaml", "metrics.jsonl", "summary.json", "best/config.json", "final/config.json",
+                 "final/finetune_head.safetensors", "final/tokenizer.json"):
+        assert (d / name).exists(), name
+    cfg = json.loads((d / "final" / "config.json").read_text())
+    assert cfg["id2label"] == {"0": "negative", "1": "positive"}
+    assert cfg["label2id"] == {"negative": 0, "positive": 1}
+    lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    assert any("ce" in x and "loss" in x and "lr" in x for x in lines)
+    assert sum("eval/accuracy" in x for x in lines) == 2  # steps 4 and 8
+    s = json.loads((d / "summary.json").read_text())
+    assert s["steps"] == 8 and s["best_step"] in (4, 8)
+    assert len(list(d.glob("checkpoint-*"))) <= 2
+
+
+class _StopAt:
+    def __init__(self, step, exc):
+        self.step, self.exc = step, exc
+
+    def __call__(self, trainer: Trainer, state):
+        if state.step == self.step:
+            raise self.exc
+
+
+@pytest.mark.parametrize("how", ["ctrl_c", "crash"])
+def test_interrupted_then_resumed_equals_uninterrupted(tiny_recipe, tmp_path, how):
+    common = ("train.epochs=2", "train.eval_every=3", "train.save_every=1", "train.grad_accum=2",
+              "train.batch_size=4")
+    ref = _train(tiny_recipe(*common, f"output.dir={tmp_path / 'ref'}"))
+
+    run = tiny_recipe(*common, f"output.dir={tmp_path / 'cut'}")
+    exc = KeyboardInterrupt() if how == "ctrl_c" else RuntimeError("simulated crash")
+    with pytest.raises(KeyboardInterrupt if how == "ctrl_c" else RuntimeError):
+        _train(run, callbacks=[_StopAt(5, exc)])
+    assert not (tmp_path / "cut" / "tiny" / "summary.json").exists()
+    resumed = _train(run)  # same command again: auto-resume from the newest checkpoint
+    assert resumed.resumed_from is not None and resumed.resumed_from.name == "checkpoint-5"
+
+    _assert_same_weights(ref.run_dir / "final", resumed.run_dir / "final")
+    assert resumed.summary["final_eval"] == ref.summary["final_eval"]
+    assert resumed.summary["steps"] == ref.summary["steps"] == 16
+    ref_lines = [json.loads(x) for x in (ref.run_dir / "metrics.jsonl").read_text().splitlines()]
+    cut_lines = [json.loads(x) for x in (resumed.run_dir / "metrics.jsonl").read_text().splitlines()]
+    strip = lambda ls: [{k: v for k, v in x.items() if k != "samples_per_s"} for x in ls]  # noqa: E731
+    assert strip(cut_lines) == strip(ref_lines)
+
+
+def test_ctrl_c_mid_accumulation_resumes_exactly(tiny_recipe, tmp_path):
+    """Interrupt inside a step (between micro-batches): the checkpoint must replay that step."""
+    common = ("train.max_steps=6", "train.grad_accum=2", "train.batch_size=4", "train.save_every=100")
+    ref = _train(tiny_recipe(*common, f"output.dir={tmp_path / 'ref'}"))
+    run = tiny_recipe(*common, f"output.dir={tmp_path / 'cut'}")
+    from finetune_cli.objectives.ce import CrossEntropy
+
+    calls = {"n": 0}
+    orig = CrossEntropy.forward
+
+    def flaky(self, model, batch):
+        calls["n"] += 1
+        if calls["n"] == 7:  # first micro-batch of step 4
+            raise KeyboardInterrupt
+        return orig(self, model, batch)
+
+    CrossEntropy.forward = flaky
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _train(run)
+    finally:
+        CrossEntropy.forward = orig
+    assert (tmp_path / "cut" / "tiny" / "checkpoint-3").is_dir()
+    resumed = _train(run)
+    _assert_same_weights(ref.run_dir / "final", resumed.run_dir / "final")
+
+
+def test_nan_loss_stops_with_step_and_keeps_checkpoint(tiny_recipe, tmp_path):
+    from finetune_cli.objectives.ce import CrossEntropy
+
+    orig = CrossEntropy.forward
+    calls = {"n": 0}
+
+    def poisoned(self, model, batch):
+        calls["n"] += 1
+        out = orig(self, model, batch)
+        if calls["n"] == 4:
+            out["loss"] = out["loss"] * float("nan")
+        return out
+
+    CrossEntropy.forward = poisoned
+    try:
+        with pytest.raises(TrainingError, match=r"loss is nan at step 4 .*checkpoint-3"):
+            _train(tiny_recipe("train.save_every=1"))
+    finally:
+        CrossEntropy.forward = orig
+    d = tmp_path / "runs" / "tiny"
+    assert (d / "checkpoint-3" / "trainer_state.json").is_file()
+    assert not (d / "checkpoint-4").exists() and not (d / "summary.json").exists()
+
+
+def test_failed_checkpoint_write_leaves_nothing_half_written(tiny_recipe, tmp_path, monkeypatch):
+    import finetune_cli.engine.trainer as tr
+
+    real_save = torch.save
+    state = {"n": 0}
+
+    def failing_save(obj, f, *a, **k):
+        if str(f).endswith("scheduler.pt"):
+            state["n"] += 1
+            if state["n"] == 2:
+                raise OSError("disk full")
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(tr.torch, "save", failing_save)
+    with pytest.raises(OSError):
+        _train(tiny_recipe("train.save_every=2"))
+    d = tmp_path / "runs" / "tiny"
+    names = sorted(p.name for p in d.iterdir())
+    assert "checkpoint-2" in names and "checkpoint-4" not in names
+    assert not [n for n in names if n.endswith(".tmp")]
+    monkeypatch.setattr(tr.torch, "save", real_save)
+    out = _train(tiny_recipe("train.save_every=2"))
+    assert out.resumed_from.name == "checkpoint-2" and out.summary["steps"] == 8
+
+
+def test_early_stopping(tiny_recipe):
+    out = _train(tiny_recipe("train.epochs=20", "train.eval_every=1", "train.early_stopping_patience=2",
+                             "train.lr=1e-9", "train.head_lr=1e-9", "train.metric=accuracy"))
+    assert out.summary["stopped_early"] is True
+    assert out.summary["steps"] < out.summary["total_steps"]
+
+
+def test_completed_run_is_not_retrained(tiny_recipe):
+    first = _train(tiny_recipe())
+    again = _train(tiny_recipe())
+    assert again.already_complete and again.summary == first.summary
