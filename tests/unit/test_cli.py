@@ -1,0 +1,105 @@
+"""The command line: help, a run and its files, eval, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from finetune_cli.cli.main import app
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args))
+
+
+def error_line(res) -> str:
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines, res.output
+    return lines[-1]
+
+
+def test_help_lists_working_subcommands():
+    res = invoke("--help")
+    assert res.exit_code == 0
+    for cmd in ("train", "eval", "recipes"):
+        assert cmd in res.stdout
+    for cmd in ("train", "eval", "recipes"):
+        assert invoke(cmd, "--help").exit_code == 0
+
+
+def test_recipes_list_show_validate():
+    res = invoke("recipes", "list", "--json")
+    assert res.exit_code == 0
+    names = {r["name"] for r in json.loads(res.stdout)}
+    assert {"quickstart", "ce"} <= names
+    assert "objective:" in invoke("recipes", "show", "quickstart").stdout
+    res = invoke("recipes", "validate", "quickstart", "train.lr=1e-4", "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["train"]["lr"] == 1e-4
+
+
+def test_train_then_eval(tiny_recipe, tmp_path):
+    res = invoke("train", "--recipe", "quickstart", *tiny_recipe(), "--device", "cpu", "--json", "-q")
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    run = tmp_path / "runs" / "tiny"
+    assert summary["run_dir"] == str(run) and (run / "final" / "config.json").is_file()
+    assert "model:" in (run / "recipe.yaml").read_text()
+    res = invoke("eval", str(run), "--json", "-q")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert set(out["metrics"]) == {"accuracy", "f1_macro", "mcc"} and out["examples"] == 100
+    assert out["model"] == str(run / "best")
+    # evaluation of the best checkpoint reproduces the accuracy recorded during training
+    assert out["metrics"]["accuracy"] == pytest.approx(summary["best_metric"])
+
+
+def test_train_refuses_a_different_run_unless_overwrite(tiny_recipe):
+    assert invoke("train", "-r", "quickstart", *tiny_recipe(), "-q").exit_code == 0
+    res = invoke("train", "-r", "quickstart", *tiny_recipe("train.lr=5e-4"), "-q")
+    assert res.exit_code == 2
+    assert "holds a different run (train.lr: 0.001 there, 0.0005 now); pass --overwrite" in error_line(res)
+    res = invoke("train", "-r", "quickstart", *tiny_recipe("train.lr=5e-4"), "-q", "--overwrite")
+    assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize("case, args, message", [
+    ("missing recipe", ["-r", "no/such.yaml"], "recipe file not found: no/such.yaml"),
+    ("unknown key", ["-r", "quickstart", "train.epochz=1"], "unknown key `train.epochz` in quickstart; did you mean `train.epochs`?"),
+    ("wrong type", ["-r", "quickstart", "train.epochs=many"], "`train.epochs` in quickstart must be a number, got 'many'"),
+    ("unknown objective", ["-r", "quickstart", "objective.name=sclx"], "unknown objective `sclx`"),
+    ("missing data", ["-r", "quickstart", "data.train=nope.tsv"], "data file not found: nope.tsv"),
+    ("missing column", ["-r", "quickstart", "data.columns.text=txt"], "missing column `txt` in pkg:quickstart/train.tsv"),
+    ("model path", ["-r", "quickstart", "model.name=./no/such/model"], "model path does not exist: ./no/such/model"),
+])
+def test_bad_input_gives_one_line_error(tmp_path, case, args, message):
+    res = invoke("train", *args, f"output.dir={tmp_path}", "-q")
+    assert res.exit_code == 2, res.output
+    assert message in error_line(res)
+    assert "Traceback" not in res.output
+    assert not any(tmp_path.rglob("checkpoint-*"))
+
+
+def test_malformed_yaml_and_empty_data(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {lr: 1\n")
+    res = invoke("train", "-r", str(bad))
+    assert res.exit_code == 2 and f"malformed YAML in {bad}:" in error_line(res)
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("sentence\tlabel\n")
+    res = invoke("train", "-r", "quickstart", f"data.train={empty}", f"output.dir={tmp_path}", "-q")
+    assert res.exit_code == 2 and "is empty" in error_line(res)
+
+
+def test_eval_unseen_labels_and_missing_model(tiny_recipe, tmp_path):
+    assert invoke("train", "-r", "quickstart", *tiny_recipe(), "-q").exit_code == 0
+    ev = tmp_path / "ev.tsv"
+    ev.write_text("sentence\tlabel\nfine\tneutral\n")
+    res = invoke("eval", str(tmp_path / "runs" / "tiny"), f"data.eval={ev}", "-q")
+    assert res.exit_code == 2
+    assert "label `neutral` in row 2 of" in error_line(res) and "never seen in training" in error_line(res)
+    res = invoke("eval", str(tmp_path / "nothing-here"), "data.eval=x.tsv")
+    assert res.exit_code == 2 and "model path does not exist" in error_line(res)
