@@ -111,7 +111,6 @@ def run_bare(sents, labels, dev, dev_labels, device):
 
 
 def run_hf_trainer(tmp: Path, sents, labels, dev, dev_labels, device):
-    import datasets
     from transformers import (
         AutoModelForSequenceClassification,
         AutoTokenizer,
@@ -126,9 +125,9 @@ def run_hf_trainer(tmp: Path, sents, labels, dev, dev_labels, device):
     tok = AutoTokenizer.from_pretrained(path)
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
-    ds = datasets.Dataset.from_dict({"sentence": sents, "label": labels})
-    ds = ds.map(lambda b: tok(b["sentence"], truncation=True, max_length=MAXLEN), batched=True,
-                remove_columns=["sentence"])
+    # A plain list of tokenised rows: what `datasets.map(tokenize)` would give, without needing `datasets`.
+    enc = tok(sents, truncation=True, max_length=MAXLEN)
+    ds = [{**{k: enc[k][i] for k in enc}, "labels": y} for i, y in enumerate(labels)]
     args = TrainingArguments(output_dir=str(tmp / "hf"), per_device_train_batch_size=BATCH, num_train_epochs=1,
                              learning_rate=LR, weight_decay=0.01, report_to="none", save_strategy="no",
                              logging_strategy="no", eval_strategy="no", use_cpu=device == "cpu",
@@ -158,6 +157,15 @@ def main() -> None:
         if source == "SST-2":
             dev_file = tmp / "dev.tsv"
             dev_file.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in zip(dev, dev_labels)))
+        if args.device != "cpu":
+            # CUDA context, cuBLAS handles and kernel selection cost seconds once per process; pay
+            # them before any runner is timed, so the first runner is not charged for them.
+            run_bare(sents[:256], labels[:256], None, None, args.device)
+            warm = tmp / "warm"
+            warm.mkdir()
+            (warm / "train.tsv").write_text("sentence\tlabel\n" + "".join(
+                f"{s}\t{y}\n" for s, y in zip(sents[:512], labels[:512])))
+            run_finetune(warm, warm / "train.tsv", None, args.device, 512)
         results = {
             "finetune": run_finetune(tmp, train_file, dev_file, args.device, args.n),
             "bare_pytorch": run_bare(sents, labels, dev if dev_file else None, dev_labels, args.device),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
 import shutil
@@ -114,6 +115,14 @@ def make_accelerator(device: str, precision: str):
                 raise TrainingError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
             torch.cuda.set_device(idx)
     use_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    # accelerate keeps one process-wide state and refuses a second Accelerator with other settings;
+    # a single-process caller (tests, multi-seed runs, probe stages) may train several times with
+    # different devices or precisions, so start each run from a clean state. Under a launcher
+    # (WORLD_SIZE > 1) the distributed state must stay.
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
     if precision == "auto":
         mp = "bf16" if (not use_cpu and torch.cuda.is_bf16_supported()) else "no"
     elif precision == "fp32":
@@ -184,7 +193,9 @@ class Trainer:
             raise TrainingError(f"training set of {len(train_data)} examples gives no full step with batch size "
                                 f"{cfg.batch_size} on {self.world} processes")
         self.total_steps = cfg.max_steps or math.ceil(cfg.epochs * self.steps_per_epoch)
-        opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr)
+        # Fused AdamW on CUDA: one kernel for the whole update instead of a few per tensor.
+        fused = self.acc.device.type == "cuda"
+        opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, fused=fused)
         from transformers import get_linear_schedule_with_warmup
 
         self.scheduler = get_linear_schedule_with_warmup(opt, int(cfg.warmup_ratio * self.total_steps), self.total_steps)
@@ -314,7 +325,9 @@ class Trainer:
                     while i < len(batches) and st.step < self.total_steps and not st.stopped_early:
                         t0 = time.perf_counter()
                         micro = batches[i:i + cfg.grad_accum]
-                        parts_sum: dict[str, float] = {}
+                        # Loss parts stay on the device; one host sync per optimizer step (the
+                        # finiteness check) instead of one per value keeps the GPU fed.
+                        parts_sum: dict[str, torch.Tensor] = {}
                         n_samples = 0
                         for j, idx in enumerate(micro):
                             batch = to_device(collate(self.train_data, idx, self.pad_id), self.acc.device)
@@ -323,17 +336,19 @@ class Trainer:
                             with ctx, self.acc.autocast():
                                 out = self.objective(self.model, batch)
                             loss = out["loss"]
-                            if not torch.isfinite(loss.detach()).all():
-                                good = list_checkpoints(self.run_dir)
-                                raise TrainingError(
-                                    f"loss is {loss.item()} at step {st.step + 1} (epoch {epoch + 1}); stopped. "
-                                    f"Last good checkpoint: {good[-1] if good else 'none'}")
                             self.acc.backward(loss / len(micro))
-                            parts_sum["loss"] = parts_sum.get("loss", 0.0) + float(loss.detach())
-                            for k in self.objective.parts:
+                            for k in ("loss", *self.objective.parts):
                                 if k in out:
-                                    parts_sum[k] = parts_sum.get(k, 0.0) + float(out[k])
+                                    v = out[k].detach().float()
+                                    parts_sum[k] = parts_sum[k] + v if k in parts_sum else v
                             n_samples += len(idx)
+                        keys = list(parts_sum)
+                        host = dict(zip(keys, torch.stack([parts_sum[k] for k in keys]).tolist()))
+                        if not math.isfinite(host["loss"]):
+                            good = list_checkpoints(self.run_dir)
+                            raise TrainingError(
+                                f"loss is {host['loss'] / len(micro)} at step {st.step + 1} "
+                                f"(epoch {epoch + 1}); stopped. Last good checkpoint: {good[-1] if good else 'none'}")
                         if cfg.max_grad_norm is not None:
                             self.acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                         self.optimizer.step()
@@ -348,7 +363,7 @@ class Trainer:
                         st.samples_seen += n_samples * self.world
                         dt = time.perf_counter() - t0
                         st.train_seconds += dt
-                        for k, v in parts_sum.items():
+                        for k, v in host.items():
                             st.log_window[k] = st.log_window.get(k, 0.0) + v / len(micro)
                         st.log_window_steps += 1
                         window_samples += n_samples * self.world

@@ -168,3 +168,10 @@ def test_completed_run_is_not_retrained(tiny_recipe):
     first = _train(tiny_recipe())
     again = _train(tiny_recipe())
     assert again.already_complete and again.summary == first.summary
+
+
+def test_consecutive_runs_with_different_precision_in_one_process(tiny_recipe, tmp_path):
+    """accelerate's state is process-wide; a second run with other settings must still work."""
+    a = _train(tiny_recipe("train.max_steps=2", "train.precision=fp32", f"output.dir={tmp_path / 'a'}"))
+    b = _train(tiny_recipe("train.max_steps=2", "train.precision=bf16", f"output.dir={tmp_path / 'b'}"))
+    assert a.summary["precision"] == "no" and b.summary["precision"] == "bf16"
