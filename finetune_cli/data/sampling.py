@@ -53,6 +53,55 @@ def length_grouped_batches(lengths: np.ndarray, labels: Optional[np.ndarray], ba
     return [batches[i] for i in order]
 
 
+@sampler("class_balanced")
+def class_balanced_batches(lengths: np.ndarray, labels: Optional[np.ndarray], batch_size: int, seed: int,
+                           epoch: int) -> Batches:
+    """Batches in which every example has a same-class partner, with classes spread evenly.
+
+    For in-batch contrastive objectives (``scl``, ``core_tuning``): an anchor without a positive
+    in its batch teaches nothing, and with few-shot data and small batches random batches often
+    leave anchors alone. Each class's examples are shuffled and cut into pairs (an odd count makes
+    its last group a triple; a class with one example stays alone). Groups are ordered by a
+    jittered stratified key — the k-th of a class's n groups gets ``(k + u) / n`` with u ~ U(0, 1)
+    — so every class is spread evenly over the epoch and each batch mixes classes in about their
+    data proportions. Groups are packed whole into batches of at most ``batch_size`` (so a batch
+    may be one or two short); a group larger than ``batch_size`` is split.
+
+    Every example is seen exactly once per epoch; the result is a pure function of
+    ``(seed, epoch)``. No length grouping: batches pad to their longest member.
+    Without labels, or with ``batch_size < 2``, this is the ``random`` sampler.
+    """
+    if labels is None or batch_size < 2:
+        return random_batches(lengths, labels, batch_size, seed, epoch)
+    rng = _rng(seed, epoch)
+    labels = np.asarray(labels)
+    groups: list[list[int]] = []
+    keys: list[float] = []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c)).tolist()
+        cut = [idx[i:i + 2] for i in range(0, len(idx), 2)]
+        if len(cut) > 1 and len(cut[-1]) == 1:
+            cut[-2].extend(cut.pop())
+        u = rng.random(len(cut))
+        groups.extend(cut)
+        keys.extend(((np.arange(len(cut)) + u) / len(cut)).tolist())
+    order = np.argsort(np.asarray(keys), kind="stable")
+    batches: Batches = []
+    cur: list[int] = []
+    for gi in order:
+        g = groups[gi]
+        if len(cur) + len(g) > batch_size and cur:
+            batches.append(cur)
+            cur = []
+        while len(g) > batch_size:  # only when batch_size is 2 and g a triple
+            batches.append(g[:batch_size])
+            g = g[batch_size:]
+        cur = cur + g
+    if cur:
+        batches.append(cur)
+    return batches
+
+
 def epoch_batches(name: str, lengths: np.ndarray, labels: Optional[np.ndarray], batch_size: int, seed: int,
                   epoch: int, rank: int = 0, world: int = 1) -> Batches:
     """The batches this process trains on in ``epoch``: every ``world``-th global batch, with the
