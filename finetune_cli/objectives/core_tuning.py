@@ -31,7 +31,8 @@ def focal_contrastive_loss(z: torch.Tensor, labels: torch.Tensor, tau: float, ga
         gamma: focusing exponent >= 0.
     """
     n = z.shape[0]
-    z = z.float()
+    if z.dtype in (torch.float16, torch.bfloat16):
+        z = z.float()  # exp(·/τ) needs the range; float64 stays float64 (tests, gradcheck)
     sim = z @ z.T / tau
     self_mask = torch.eye(n, dtype=torch.bool, device=z.device)
     log_prob = sim - torch.logsumexp(sim.masked_fill(self_mask, float("-inf")), dim=1, keepdim=True)

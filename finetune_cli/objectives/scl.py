@@ -30,7 +30,8 @@ def supervised_contrastive_loss(z: torch.Tensor, labels: torch.Tensor, tau: floa
         tau: temperature, > 0.
     """
     n = z.shape[0]
-    z = z.float()
+    if z.dtype in (torch.float16, torch.bfloat16):
+        z = z.float()  # exp(·/τ) needs the range; float64 stays float64 (tests, gradcheck)
     sim = z @ z.T / tau
     self_mask = torch.eye(n, dtype=torch.bool, device=z.device)
     # log-softmax over k != i: the diagonal is excluded by setting it to -inf before logsumexp.
