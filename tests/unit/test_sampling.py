@@ -28,8 +28,9 @@ def test_each_example_once_and_batch_sizes(counts, bs):
     flat = [i for b in batches for i in b]
     assert sorted(flat) == list(range(len(lab)))
     assert all(1 <= len(b) <= bs for b in batches)
-    # groups are packed whole, so a batch is at most two short of full (a pair or a triple left over)
-    assert all(len(b) >= bs - 2 for b in batches[:-1]) or bs <= 3
+    # groups are packed whole, so a batch is at most two short of full (a pair or a triple left
+    # over), except the one partial batch at the end of the packing (shuffled to anywhere)
+    assert all(n >= bs - 2 for n in sorted(len(b) for b in batches)[1:]) or bs <= 3
 
 
 @pytest.mark.parametrize("counts,bs", CASES)
@@ -94,3 +95,48 @@ def test_split_across_processes_keeps_every_batch_whole():
     r0 = epoch_batches("class_balanced", L, lab, 6, 0, 0, rank=0, world=2)
     r1 = epoch_batches("class_balanced", L, lab, 6, 0, 0, rank=1, world=2)
     assert len(r0) == len(r1) and r0 + r1 and all(b in full for b in r0 + r1)
+
+
+def _padded_tokens(batches, lengths):
+    return sum(len(b) * int(lengths[b].max()) for b in batches)
+
+
+def test_length_grouping_keeps_padding_low_and_positives_present():
+    rng = np.random.default_rng(0)
+    lab = _labels((300, 200, 100))
+    L = rng.integers(3, 60, size=len(lab))
+    grouped = balanced(L, lab, 16, 0, 0)
+    ungrouped = SAMPLERS["class_balanced_ungrouped"](L, lab, 16, 0, 0)
+    for batches in (grouped, ungrouped):
+        assert sorted(i for b in batches for i in b) == list(range(len(lab)))
+        for b in batches:
+            c = Counter(lab[b].tolist())
+            assert all(c[lab[i]] >= 2 for i in b)
+    # grouped pads far less than the stratified order (which pads like random batches)
+    assert _padded_tokens(grouped, L) < 0.7 * _padded_tokens(ungrouped, L)
+    assert _padded_tokens(ungrouped, L) > 0.9 * _padded_tokens(SAMPLERS["random"](L, lab, 16, 0, 0), L)
+    # the ungrouped variant keeps every batch close to the data's class proportions
+    for b in ungrouped[:-1]:
+        c = Counter(lab[b].tolist())
+        assert len(c) >= 2 and c[0] >= 4 and c[2] <= 6  # expected per batch: 8, 5.3, 2.7
+
+
+def test_group_by_length_false_switches_to_the_ungrouped_variant(tiny_recipe, monkeypatch):
+    from finetune_cli.data import sampling
+    from finetune_cli.engine import trainer as tr
+    from finetune_cli.pipelines.train import run_train
+    from finetune_cli.recipe import load_recipe
+    from finetune_cli.ui import UI
+
+    assert sampling.UNGROUPED["class_balanced"] in SAMPLERS and sampling.UNGROUPED["length_grouped"] in SAMPLERS
+    used = []
+    real = tr.epoch_batches
+
+    def spy(name, *a, **k):
+        used.append(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(tr, "epoch_batches", spy)
+    run_train(load_recipe(None, tiny_recipe("objective.name=scl", "data.group_by_length=false", "train.max_steps=1")),
+              UI(quiet=True), device="cpu")
+    assert set(used) == {"class_balanced_ungrouped"}
