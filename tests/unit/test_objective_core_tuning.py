@@ -223,3 +223,19 @@ def test_declares_contract():
 def test_bad_hyperparameters_fail_at_recipe_validation(override, msg):
     with pytest.raises(RecipeError, match=msg):
         load_recipe("core_tuning", [override])
+
+
+def test_interrupted_core_tuning_run_resumes_exactly(tiny_recipe, tmp_path):
+    """Core-tuning draws mixing weights and random negatives, and reads class_balanced batches:
+    a run cut after step 2 and resumed must end with the same weights as an uncut run."""
+    from tests.unit.test_engine import _assert_same_weights, _StopAt, _train
+
+    common = ("objective.name=core_tuning", "train.max_steps=4", "train.save_every=1", "train.batch_size=6",
+              "data.max_train_samples=30")
+    ref = _train(tiny_recipe(*common, f"output.dir={tmp_path / 'ref'}"))
+    run = tiny_recipe(*common, f"output.dir={tmp_path / 'cut'}")
+    with pytest.raises(RuntimeError):
+        _train(run, callbacks=[_StopAt(2, RuntimeError("simulated crash"))])
+    resumed = _train(run)
+    assert resumed.resumed_from is not None and resumed.resumed_from.name == "checkpoint-2"
+    _assert_same_weights(ref.run_dir / "final", resumed.run_dir / "final")
