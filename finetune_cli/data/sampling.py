@@ -53,6 +53,111 @@ def length_grouped_batches(lengths: np.ndarray, labels: Optional[np.ndarray], ba
     return [batches[i] for i in order]
 
 
+def _class_groups(lengths: np.ndarray, labels: np.ndarray, batch_size: int, rng: np.random.Generator,
+                  mega: Optional[int]) -> tuple[list[list[int]], np.ndarray]:
+    """Same-class groups of 2 (3 for a class's odd one out, 1 for a class of one) and their
+    stratified keys. With ``mega``, each class's shuffled examples are sorted by length in chunks
+    of ``mega * batch_size`` before pairing, so the two of a pair have similar lengths."""
+    groups: list[list[int]] = []
+    keys: list[float] = []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        if mega:
+            size = mega * batch_size
+            idx = np.concatenate([ch[np.argsort(-lengths[ch], kind="stable")]
+                                  for ch in np.split(idx, range(size, len(idx), size))])
+        cut = [idx[i:i + 2].tolist() for i in range(0, len(idx), 2)]
+        if len(cut) > 1 and len(cut[-1]) == 1:
+            cut[-2].extend(cut.pop())
+        # the k-th of a class's n groups (in random order) gets key (k + u) / n: every class is
+        # spread evenly over the epoch
+        order = rng.permutation(len(cut))
+        u = rng.random(len(cut))
+        groups.extend(cut[k] for k in order)
+        keys.extend(((np.arange(len(cut)) + u) / len(cut)).tolist())
+    return groups, np.asarray(keys)
+
+
+def _pack(groups: list[list[int]], batch_size: int) -> Batches:
+    """Whole groups into batches of at most ``batch_size`` (a group too large for one is split)."""
+    batches: Batches = []
+    cur: list[int] = []
+    for g in groups:
+        if len(cur) + len(g) > batch_size and cur:
+            batches.append(cur)
+            cur = []
+        while len(g) > batch_size:  # only when batch_size is 2 and g a triple
+            batches.append(g[:batch_size])
+            g = g[batch_size:]
+        cur = cur + g
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def _class_balanced(lengths: np.ndarray, labels: Optional[np.ndarray], batch_size: int, seed: int, epoch: int,
+                    mega: Optional[int]) -> Batches:
+    if labels is None or batch_size < 2:
+        return random_batches(lengths, labels, batch_size, seed, epoch)
+    rng = _rng(seed, epoch)
+    labels = np.asarray(labels)
+    groups, keys = _class_groups(lengths, labels, batch_size, rng, mega)
+    ordered = [groups[i] for i in np.argsort(keys, kind="stable")]
+    if not mega:
+        return _pack(ordered, batch_size)
+    # Length grouping as in `length_grouped`: cut the stratified sequence into mega-batches, sort
+    # each by group length (classes stay mixed inside a mega-batch), pack, shuffle batch order.
+    size, chunks, cur, n = mega * batch_size, [], [], 0
+    for g in ordered:
+        cur.append(g)
+        n += len(g)
+        if n >= size:
+            chunks.append(cur)
+            cur, n = [], 0
+    if cur:
+        chunks.append(cur)
+    flat: list[list[int]] = []
+    for ch in chunks:
+        flat.extend(sorted(ch, key=lambda g: -int(lengths[g].max())))
+    batches = _pack(flat, batch_size)
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+@sampler("class_balanced")
+def class_balanced_batches(lengths: np.ndarray, labels: Optional[np.ndarray], batch_size: int, seed: int,
+                           epoch: int, mega: int = 50) -> Batches:
+    """Batches in which every example has a same-class partner, classes mixed, lengths grouped.
+
+    For in-batch contrastive objectives (``scl``, ``core_tuning``): an anchor without a positive
+    in its batch teaches nothing, and with few-shot data and small batches random batches often
+    leave anchors alone. Each class's examples are shuffled and cut into pairs of similar length
+    (an odd count makes the class's last group a triple; a class of one stays alone). Groups are
+    ordered by a jittered stratified key — the k-th of a class's n groups gets ``(k + u) / n``,
+    u ~ U(0, 1) — so every class is spread evenly over the epoch. As in ``length_grouped`` the
+    sequence is cut into mega-batches of ``mega`` batches, each sorted by length, packed into
+    batches (whole groups, so a batch may be one or two short of ``batch_size``) and the batch
+    order shuffled: batches pad little and, unless lengths differ by class, mix classes in about
+    their data proportions.
+
+    Every example is seen exactly once per epoch; the result is a pure function of
+    ``(seed, epoch)``. The number of batches may differ by one or two between epochs.
+    Without labels, or with ``batch_size < 2``, this is the ``random`` sampler.
+    """
+    return _class_balanced(lengths, labels, batch_size, seed, epoch, mega)
+
+
+@sampler("class_balanced_ungrouped")
+def class_balanced_ungrouped_batches(lengths: np.ndarray, labels: Optional[np.ndarray], batch_size: int, seed: int,
+                                     epoch: int) -> Batches:
+    """``class_balanced`` without length grouping (``data.group_by_length: false``): batches in
+    stratified order, so each mixes classes in their data proportions whatever the lengths."""
+    return _class_balanced(lengths, labels, batch_size, seed, epoch, None)
+
+
+# What `data.group_by_length: false` turns a sampler into.
+UNGROUPED = {"length_grouped": "random", "class_balanced": "class_balanced_ungrouped"}
+
+
 def epoch_batches(name: str, lengths: np.ndarray, labels: Optional[np.ndarray], batch_size: int, seed: int,
                   epoch: int, rank: int = 0, world: int = 1) -> Batches:
     """The batches this process trains on in ``epoch``: every ``world``-th global batch, with the

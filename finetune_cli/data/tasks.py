@@ -102,6 +102,7 @@ def _map_class_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConf
         names = list(train.label_names)
     elif train is not None:
         uniq = sorted(set(train.columns["label"]))
+        _refuse_scores_as_classes(train)
         names = sorted(uniq, key=int) if all(_is_int(u) for u in uniq) else uniq
     else:
         names = sorted(set(ev.columns["label"]))  # type: ignore[union-attr]
@@ -118,6 +119,31 @@ def _map_class_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConf
             ids.append(index[v])
         t.columns["label"] = ids
     return names
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_score(s: str) -> bool:
+    return _is_number(s) and float(s) == float(s) and not float(s).is_integer()
+
+
+def _refuse_scores_as_classes(t: Table) -> None:
+    """Labels like ``3.8`` are regression scores: made into classes, every distinct score would
+    become a class of its own. Refuse unless ``data.label_names`` says they are classes."""
+    labels = t.columns["label"]
+    if all(_is_number(v) for v in labels):
+        for i, v in enumerate(labels):
+            if _is_score(v):
+                row = t.row_ids[i] if t.row_ids else i + 1
+                raise DataError(f"label `{v}` in row {row} of {t.source} is a regression score, but this objective "
+                                f"needs class labels (use a regression objective, or set data.label_names if "
+                                f"these numbers are class names)")
 
 
 def _map_float_labels(t: Optional[Table]) -> None:

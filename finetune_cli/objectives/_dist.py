@@ -20,24 +20,48 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
+def _sizes(x: torch.Tensor, size: int) -> list[int]:
+    """First-dimension length of ``x`` on every process (batches may differ by a few rows: the
+    last batch of an epoch, or a sampler that packs groups of examples)."""
+    n = torch.tensor([x.shape[0]], device=x.device, dtype=torch.long)
+    out = [torch.empty_like(n) for _ in range(size)]
+    dist.all_gather(out, n)
+    return [int(t.item()) for t in out]
+
+
+def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
+    if x.shape[0] == rows:
+        return x.contiguous()
+    pad = x.new_zeros((rows - x.shape[0], *x.shape[1:]))
+    return torch.cat([x, pad], dim=0)
+
+
 def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
     """Concatenate ``x`` from every process along dim 0 (rank order), keeping gradients.
 
-    Single process: returns ``x`` unchanged. All processes must pass the same shape.
+    Single process: returns ``x`` unchanged. Processes may pass different first-dimension
+    lengths (rows are padded for the collective and cut off again, so padding never reaches the
+    loss). The backward sums, for each process's rows, the gradients every process computed for
+    them; when every process computes the same global loss that is ``world`` times the
+    single-process gradient, which DDP's gradient average divides out again.
     """
     rank, size = world()
     if size == 1:
         return x
     from torch.distributed.nn.functional import all_gather
 
-    return torch.cat(all_gather(x.contiguous()), dim=0)
+    sizes = _sizes(x, size)
+    parts = all_gather(_pad(x, max(sizes)))
+    return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)], dim=0)
 
 
 def gather_no_grad(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate ``x`` (labels, ids) from every process, no gradient."""
+    """Concatenate ``x`` (labels, ids) from every process, no gradient; lengths may differ."""
     rank, size = world()
     if size == 1:
         return x
-    out = [torch.empty_like(x) for _ in range(size)]
-    dist.all_gather(out, x.contiguous())
-    return torch.cat(out, dim=0)
+    sizes = _sizes(x, size)
+    xp = _pad(x.detach(), max(sizes))
+    out = [torch.empty_like(xp) for _ in range(size)]
+    dist.all_gather(out, xp)
+    return torch.cat([p[:n] for p, n in zip(out, sizes, strict=True)], dim=0)

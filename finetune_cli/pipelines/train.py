@@ -141,8 +141,10 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
         save_text_model(m, tokenizer, out, id2label=id2label, extra=meta)
 
     sampler = cls.sampler
-    if sampler == "length_grouped" and not recipe.data.group_by_length:
-        sampler = "random"
+    if not recipe.data.group_by_length:
+        from finetune_cli.data.sampling import UNGROUPED
+
+        sampler = UNGROUPED.get(sampler, sampler)
     trainer = Trainer(model, objective, train_enc, recipe.train, run_dir, pad_id=pad_id, save_model=save_model,
                       evaluate=eval_fn, ui=ui, recipe_yaml=recipe_yaml, device=device, sampler=sampler,
                       callbacks=callbacks)

@@ -1,0 +1,217 @@
+"""SCL (Gunel et al.): the contrastive term against a plain loop over the paper's equation, its
+gradient, lone anchors, the combined loss on a real batch, and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from typer.testing import CliRunner
+
+from finetune_cli.cli.main import app
+from finetune_cli.objectives import build
+from finetune_cli.objectives.scl import supervised_contrastive_loss
+from finetune_cli.recipe import RecipeError, load_recipe
+
+runner = CliRunner()
+
+
+def reference_scl(z, labels, tau):
+    """L = mean over anchors i with N_{y_i} > 1 of
+    −1/(N_{y_i}−1) Σ_{j≠i, y_j=y_i} log( exp(z_i·z_j/τ) / Σ_{k≠i} exp(z_i·z_k/τ) )."""
+    n = len(labels)
+    dot = lambda a, b: sum(float(x) * float(y) for x, y in zip(z[a], z[b], strict=True))  # noqa: E731
+    per_anchor = []
+    for i in range(n):
+        positives = [j for j in range(n) if j != i and labels[j] == labels[i]]
+        if not positives:
+            continue
+        denom = sum(math.exp(dot(i, k) / tau) for k in range(n) if k != i)
+        s = sum(math.log(math.exp(dot(i, j) / tau) / denom) for j in positives)
+        per_anchor.append(-s / len(positives))
+    return sum(per_anchor) / len(per_anchor) if per_anchor else 0.0
+
+
+@pytest.mark.parametrize("labels", [[0, 1, 0, 1, 1, 0], [0, 0, 1, 2, 2, 2, 3], [1, 1, 1, 1]])
+@pytest.mark.parametrize("tau", [0.1, 0.3, 1.0])
+def test_matches_loop_reference(labels, tau):
+    g = torch.Generator().manual_seed(len(labels))
+    z = F.normalize(torch.randn(len(labels), 5, generator=g, dtype=torch.float64), dim=-1)
+    got = supervised_contrastive_loss(z, torch.tensor(labels), tau).item()
+    assert got == pytest.approx(reference_scl(z.tolist(), labels, tau), rel=1e-6)
+
+
+def test_gradcheck_float64():
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([0, 1, 0, 2, 1, 1])  # class 2 is a lone anchor
+    assert torch.autograd.gradcheck(
+        lambda x: supervised_contrastive_loss(F.normalize(x, dim=-1), labels, 0.5), (z,), eps=1e-6, atol=1e-6)
+
+
+def test_library_gradient_matches_reference_autograd():
+    """Gradient of the library function equals autograd through a loop written from the equation."""
+    g = torch.Generator().manual_seed(2)
+    base = F.normalize(torch.randn(7, 3, generator=g), dim=-1)
+    labels = [0, 1, 0, 1, 2, 1, 0]
+    a = base.clone().requires_grad_(True)
+    supervised_contrastive_loss(a, torch.tensor(labels), 0.3).backward()
+    b = base.clone().double().requires_grad_(True)
+    terms = []
+    for i in range(7):
+        pos = [j for j in range(7) if j != i and labels[j] == labels[i]]
+        if not pos:
+            continue
+        den = torch.logsumexp(torch.stack([b[i] @ b[k] / 0.3 for k in range(7) if k != i]), 0)
+        terms.append(-sum(b[i] @ b[j] / 0.3 - den for j in pos) / len(pos))
+    torch.stack(terms).mean().backward()
+    assert torch.allclose(a.grad.double(), b.grad, atol=1e-5)
+
+
+def test_lone_anchors_give_zero_not_nan():
+    z = F.normalize(torch.randn(4, 3), dim=-1).requires_grad_(True)
+    loss = supervised_contrastive_loss(z, torch.tensor([0, 1, 2, 3]), 0.1)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.isfinite(z.grad).all() and z.grad.abs().sum() == 0
+    one = torch.randn(1, 3, requires_grad=True)
+    out = supervised_contrastive_loss(one, torch.tensor([0]), 0.1)
+    out.backward()
+    assert out.item() == 0.0 and torch.isfinite(one.grad).all()
+
+
+def test_lone_anchor_does_not_change_the_others():
+    g = torch.Generator().manual_seed(3)
+    z = F.normalize(torch.randn(5, 4, generator=g), dim=-1)
+    with_lone = supervised_contrastive_loss(z, torch.tensor([0, 0, 1, 1, 2]), 0.3)
+    # the lone anchor still sits in the others' denominators, so compare against the reference
+    assert with_lone.item() == pytest.approx(reference_scl(z.tolist(), [0, 0, 1, 1, 2], 0.3), rel=1e-5)
+    assert torch.isfinite(with_lone)
+
+
+def _real_batch(tiny_model_dir, n=12):
+    """A batch from the real class_balanced sampler and collate on quickstart sentences."""
+    from finetune_cli.data.encode import collate, encode_table
+    from finetune_cli.data.sampling import epoch_batches
+    from finetune_cli.data.sources import read_file
+    from finetune_cli.models import HeadSpec, load_text_model
+    from tests.conftest import QUICKSTART
+
+    t = read_file(str(QUICKSTART / "train.tsv"), {"text": "sentence", "label": "label"}, "tsv", "auto")
+    t = t.select(list(range(40)))
+    names = sorted(set(t.columns["label"]))
+    t.columns["label"] = [names.index(v) for v in t.columns["label"]]
+    model, tok, _ = load_text_model(str(tiny_model_dir), HeadSpec(num_labels=len(names)))
+    enc = encode_table(t, tok, 32, ("text",), joint=True)
+    batches = epoch_batches("class_balanced", enc.lengths, enc.labels, n, seed=0, epoch=0)
+    batch = collate(enc, batches[0], tok.pad_token_id)
+    return model, batch
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.9, 1.0])
+def test_objective_on_a_real_batch(tiny_model_dir, lam):
+    model, batch = _real_batch(tiny_model_dir)
+    labels = batch["labels"]
+    assert all((labels == c).sum() >= 2 for c in labels.unique())  # the sampler gave positives
+    obj = build("scl", {"tau": 0.3, "lam": lam})
+    torch.manual_seed(0)
+    out = obj(model, batch)
+    assert set(out) == {"loss", "ce", "scl"}
+    assert out["loss"].item() == pytest.approx(((1 - lam) * out["ce"] + lam * out["scl"]).item(), rel=1e-6)
+    assert out["scl"].item() > 0
+    out["loss"].backward()
+    assert model.encoder.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+    head_grad = model.classifier.out_proj.weight.grad
+    if lam == 1.0:
+        assert head_grad is None or head_grad.abs().sum() == 0  # λ = 1: CE has weight 0
+    else:
+        assert head_grad.abs().sum() > 0
+
+
+def test_objective_uses_normalised_pooled_embeddings(tiny_model_dir):
+    """The scl part equals the pure function on the L2-normalised `embeddings` of the same forward."""
+    model, batch = _real_batch(tiny_model_dir)
+    model.eval()  # no dropout: two forwards agree
+    out = build("scl", {"tau": 0.2, "lam": 0.5})(model, batch)
+    with torch.no_grad():
+        z = F.normalize(model(batch["features"][0]).embeddings, dim=-1)
+    expected = supervised_contrastive_loss(z, batch["labels"], 0.2).item()
+    assert out["scl"].item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_declares_class_balanced_sampler():
+    from finetune_cli.data.sampling import SAMPLERS
+    from finetune_cli.objectives import registry
+
+    cls = registry.get("scl")
+    assert cls.sampler == "class_balanced" and cls.sampler in SAMPLERS
+    assert cls.label_type == "class" and cls.min_classes == 2
+
+
+@pytest.mark.parametrize("override,msg", [
+    ("objective.tau=0", "tau must be > 0.0"),
+    ("objective.tau=-0.1", "tau must be > 0.0"),
+    ("objective.lam=1.5", "lam must be <= 1.0"),
+    ("objective.lam=-0.01", "lam must be >= 0.0"),
+    ("objective.temperature=0.1", "`scl` takes tau, lam"),
+])
+def test_bad_hyperparameters_fail_at_recipe_validation(override, msg):
+    with pytest.raises(RecipeError, match=msg):
+        load_recipe("scl", [override])
+
+
+def test_bad_hyperparameter_fails_before_any_model_loads(tmp_path, monkeypatch):
+    import finetune_cli.models.loading as loading
+
+    def no_model(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(loading, "load_encoder", no_model)
+    res = runner.invoke(app, ["train", "-r", "scl", "objective.lam=2", f"output.dir={tmp_path}", "-q"])
+    assert res.exit_code == 2
+    assert "lam must be <= 1.0" in res.stderr.strip().splitlines()[-1]
+    assert not any(tmp_path.iterdir())
+
+
+def _write(tmp_path, rows, name="d.tsv"):
+    p = tmp_path / name
+    p.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows))
+    return p
+
+
+@pytest.mark.parametrize("objective", ["scl", "core_tuning"])
+def test_regression_scores_are_refused(tmp_path, tiny_model_dir, objective):
+    rng = np.random.default_rng(0)
+    p = _write(tmp_path, [(f"sentence {i}", f"{rng.uniform(0, 5):.1f}") for i in range(20)] + [("x", "3.8")])
+    res = runner.invoke(app, ["train", "-r", objective, "~data.dataset", f"data.train={p}",
+                              "data.columns.text=sentence", f"model.name={tiny_model_dir}",
+                              f"output.dir={tmp_path / 'runs'}", "-q", "--device", "cpu"])
+    assert res.exit_code != 0
+    line = res.stderr.strip().splitlines()[-1]
+    assert "is a regression score" in line and "needs class labels" in line and str(p) in line
+
+
+@pytest.mark.parametrize("objective", ["scl", "core_tuning"])
+def test_one_class_is_refused(tmp_path, tiny_model_dir, objective):
+    p = _write(tmp_path, [(f"great {i}", "positive") for i in range(10)])
+    res = runner.invoke(app, ["train", "-r", objective, "~data.dataset", f"data.train={p}",
+                              "data.columns.text=sentence", f"model.name={tiny_model_dir}",
+                              f"output.dir={tmp_path / 'runs'}", "-q", "--device", "cpu"])
+    assert res.exit_code != 0
+    assert "has 1 class(es); this objective needs at least 2" in res.stderr.strip().splitlines()[-1]
+
+
+def test_integer_labels_and_explicit_label_names_still_work(tmp_path):
+    """The score check must not refuse integer class ids, nor numbers declared as class names."""
+    from finetune_cli.data.tasks import load_task_data
+    from finetune_cli.recipe import load_recipe as lr
+
+    p = _write(tmp_path, [("a", "0"), ("b", "1"), ("c", "2")])
+    r = lr(None, [f"data.train={p}", "data.columns.text=sentence"])
+    d = load_task_data(r.data, seed=0, label_type="class", required_columns=("text", "label"))
+    assert d.label_names == ["0", "1", "2"]
+    q = _write(tmp_path, [("a", "0.5"), ("b", "1.5")], "q.tsv")
+    r = lr(None, [f"data.train={q}", "data.columns.text=sentence", "data.label_names=['0.5','1.5']"])
+    assert load_task_data(r.data, seed=0, label_type="class", required_columns=("text", "label")).num_labels == 2
