@@ -87,6 +87,7 @@ class ProbeSection:
     source: Optional[str] = _f(None, help="generalization: the task to fine-tune on")
     targets: list[str] = _f(default_factory=list, help="generalization: tasks probed (default: the others)")
     cycles: int = _f(2, gt=0, help="retention: passes over the sequence")
+    keep_checkpoints: bool = _f(False, help="keep a finished stage's checkpoint-*/ folders (only needed to resume a stage)")
     classifier: ClassifierConfig = _f(default_factory=ClassifierConfig)
 
 
@@ -438,6 +439,13 @@ def run_probe(r: ProbeRecipe, plan: Plan, ui, *, variants: Optional[list[str]] =
                 sr = stage_recipe(r, task, run_dir, prev, obj, metas[task])
                 ui.log(f"[{label}] stage {i}: fine-tune on {task} from {prev}")
                 run_train(sr, ui, device=device, data_dir=data_dir, overwrite=False)
+                if not r.probe.keep_checkpoints:  # the stage is complete: final/ is what the next stage reads
+                    import shutil
+
+                    from finetune_cli.engine import list_checkpoints
+
+                    for ck in list_checkpoints(run_dir):
+                        shutil.rmtree(ck, ignore_errors=True)
                 atomic_write_json(pfile, probe_encoder(str(run_dir / "final"), probed, r, device))
             rows.append(json.loads(pfile.read_text()))
             runs.append(str(run_dir))

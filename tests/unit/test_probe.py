@@ -142,6 +142,7 @@ def test_sequential_end_to_end_and_resume(recipe_file, tiny_model_dir, monkeypat
     base, e0 = encoder_state(tiny_model_dir), encoder_state(s0 / "final")
     assert any(not torch.equal(base[k], e0[k]) for k in base)
     assert json.loads((s1 / "summary.json").read_text())["model"] == str(s0 / "final")
+    assert not list(s0.glob("checkpoint-*")) and (s0 / "best").is_dir()  # finished stages drop resume state
     # resume: a rerun trains nothing and gives the same matrix
     import finetune_cli.pipelines.train as T
 
