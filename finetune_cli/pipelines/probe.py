@@ -481,7 +481,7 @@ def summarise(plan: Plan, matrix: list[list[float]]) -> dict[str, Any]:
         if trained:
             deg[t] = float(m[trained[-1], j] - m[-1, j])
     res["degradation"] = deg
-    earlier = [deg[t] for t in plan.stages[:-1] if t in deg and t != plan.stages[-1]]
+    earlier = [deg[t] for t in dict.fromkeys(plan.stages[:-1]) if t in deg and t != plan.stages[-1]]
     res["mean_degradation_earlier"] = float(np.mean(earlier)) if earlier else 0.0
     if plan.mode == "retention":
         ret = []
