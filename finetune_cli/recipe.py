@@ -364,6 +364,10 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recip
         p = resolve_recipe_path(path)
         data, src = read_yaml(p), str(path)
     data = apply_overrides(data, overrides)
+    if "probe" in data:  # a `finetune probe` recipe: validated by its own schema (same machinery)
+        from finetune_cli.pipelines.probe import build_probe_recipe
+
+        return build_probe_recipe(data, src)  # type: ignore[return-value]
     return build_recipe(data, src)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from finetune_cli import __version__
-from finetune_cli.cli import recipes
+from finetune_cli.cli import probe, recipes
 from finetune_cli.cli.eval import eval_cmd
 from finetune_cli.cli.train import train
 
@@ -19,6 +19,7 @@ app = typer.Typer(
 app.command("train")(train)
 app.command("eval")(eval_cmd)
 app.add_typer(recipes.app, name="recipes")
+app.add_typer(probe.app, name="probe")
 
 
 def _version(value: bool) -> None:

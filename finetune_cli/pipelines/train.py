@@ -24,7 +24,7 @@ from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text
 from finetune_cli.models.loading import load_text_model, save_text_model
 from finetune_cli.pipelines.common import (encode, head_spec, load_data, make_classifier_eval,
                                            objective_class)
-from finetune_cli.recipe import Recipe, build_recipe
+from finetune_cli.recipe import Recipe, RecipeError, build_recipe
 from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.objectives import registry
 
@@ -73,6 +73,8 @@ def _first_difference(a: Any, b: Any, prefix: str = "") -> str:
 def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[str] = None,
               resume: Optional[str] = None, overwrite: bool = False,
               callbacks: Sequence[Callable] = ()) -> TrainOutcome:
+    if not isinstance(recipe, Recipe):
+        raise RecipeError(f"{recipe.source} is a probe recipe; run it with `finetune probe sequential` (or generalization, retention)")
     cls = objective_class(recipe)
     run_dir = recipe.run_dir
     _check_run_dir(recipe, run_dir, overwrite)

@@ -1,0 +1,91 @@
+"""``finetune probe sequential|generalization|retention``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from finetune_cli.cli.common import (
+    DataDirOpt,
+    DeviceOpt,
+    JsonOpt,
+    Overrides,
+    QuietOpt,
+    RecipeOpt,
+    emit_json,
+    handle_errors,
+)
+from finetune_cli.ui import UI
+
+app = typer.Typer(help="Representational-collapse probes: fine-tune in stages, freeze, fit linear probes.",
+                  no_args_is_help=True)
+
+ObjectivesOpt = Annotated[Optional[str], typer.Option(
+    "--objectives", help="Comma-separated objectives run with the same protocol and reported side by side; "
+                         "parameters as name:key=value (e.g. ce,ce:label_smoothing=0.1). Default: the recipe's.")]
+TasksOpt = Annotated[Optional[str], typer.Option("--tasks", help="Comma-separated task names (default: probe.sequence).")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace a different probe run in the output directory.")]
+
+
+def _split(s: Optional[str]) -> Optional[list[str]]:
+    return [x.strip() for x in s.split(",") if x.strip()] if s else None
+
+
+def _run(mode: str, recipe: str, overrides, objectives, device, data_dir, overwrite, json_out, quiet, **plan_kw):
+    from finetune_cli.pipelines.probe import load_probe_recipe, make_plan, run_probe
+
+    r = load_probe_recipe(recipe, overrides or [])
+    plan = make_plan(r, mode, **plan_kw)
+    ui = UI(quiet=quiet or json_out)
+    res = run_probe(r, plan, ui, variants=_split(objectives), device=device, data_dir=data_dir, overwrite=overwrite)
+    if json_out:
+        emit_json(res)
+        return
+    from rich.table import Table
+
+    t = Table(title=f"probe {mode}: linear-probe accuracy ({res['out_dir']})")
+    t.add_column("variant")
+    t.add_column("after stage")
+    for task in res["tasks"]:
+        t.add_column(task, justify="right")
+    for label, v in res["variants"].items():
+        for i, (stage, row) in enumerate(zip(res["stages"], v["matrix"], strict=False)):
+            t.add_row(label, stage if i == 0 else f"{i}:{stage}", *(f"{x:.4f}" for x in row))
+    ui.print(t)
+    from pathlib import Path
+
+    ui.print((Path(res["out_dir"]) / "results.md").read_text().split("\n\n", 2)[-1].strip())
+    ui.log(f"wrote {res['out_dir']}/results.json, results.md, accuracy.png")
+
+
+@app.command("sequential")
+@handle_errors
+def sequential(recipe: RecipeOpt, overrides: Overrides = None, tasks: TasksOpt = None,
+               objectives: ObjectivesOpt = None, device: DeviceOpt = "auto", data_dir: DataDirOpt = None,
+               overwrite: OverwriteOpt = False, json_out: JsonOpt = False, quiet: QuietOpt = False) -> None:
+    """Fine-tune on tasks in order; probe every task after every stage: finetune probe sequential -r probe_sequential"""
+    _run("sequential", recipe, overrides, objectives, device, data_dir, overwrite, json_out, quiet, tasks=_split(tasks))
+
+
+@app.command("generalization")
+@handle_errors
+def generalization(recipe: RecipeOpt, overrides: Overrides = None,
+                   source: Annotated[Optional[str], typer.Option("--source", help="Task to fine-tune on (default: probe.source).")] = None,
+                   targets: Annotated[Optional[str], typer.Option("--targets", help="Comma-separated tasks to probe (default: the others).")] = None,
+                   objectives: ObjectivesOpt = None, device: DeviceOpt = "auto", data_dir: DataDirOpt = None,
+                   overwrite: OverwriteOpt = False, json_out: JsonOpt = False, quiet: QuietOpt = False) -> None:
+    """Fine-tune on one task; probe other tasks with the frozen encoder against the pretrained one."""
+    _run("generalization", recipe, overrides, objectives, device, data_dir, overwrite, json_out, quiet,
+         source=source, targets=_split(targets))
+
+
+@app.command("retention")
+@handle_errors
+def retention(recipe: RecipeOpt, overrides: Overrides = None, tasks: TasksOpt = None,
+              cycles: Annotated[Optional[int], typer.Option("--cycles", min=1, help="Passes over the tasks (default: probe.cycles).")] = None,
+              objectives: ObjectivesOpt = None, device: DeviceOpt = "auto", data_dir: DataDirOpt = None,
+              overwrite: OverwriteOpt = False, json_out: JsonOpt = False, quiet: QuietOpt = False) -> None:
+    """Cycle A -> B -> C -> A ... and score each task when it comes back."""
+    _run("retention", recipe, overrides, objectives, device, data_dir, overwrite, json_out, quiet,
+         tasks=_split(tasks), cycles=cycles)
