@@ -9,6 +9,7 @@ mechanics under test (batching, sampling, seeding, resume) need.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,7 +55,9 @@ def build_tiny_marian(out: Path, seed: int = 0, d_model: int = 32, layers: int =
     (tok_dir / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
     for f in ("sp.model", "sp.vocab"):
         (out / f).unlink()
-    tok = MarianTokenizer(str(tok_dir / "source.spm"), str(tok_dir / "target.spm"), str(tok_dir / "vocab.json"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Recommended: pip install sacremoses"
+        tok = MarianTokenizer(str(tok_dir / "source.spm"), str(tok_dir / "target.spm"), str(tok_dir / "vocab.json"))
     pad = vocab["<pad>"]
     cfg = MarianConfig(
         vocab_size=len(vocab), d_model=d_model, encoder_layers=layers, decoder_layers=layers,

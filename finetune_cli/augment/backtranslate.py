@@ -106,9 +106,10 @@ def generate(m: Seq2Seq, texts: Sequence[str], spec: SamplingSpec, num_return: i
         batch = order[s:s + batch_size]
         feats = tok.pad({"input_ids": [ids[j] for j in batch]}, return_tensors="pt")
         feats = {k: v.to(device) for k, v in feats.items()}
-        longest = feats["input_ids"].shape[1]
+        # A fixed cap (not one from the batch's longest input), so that which sentences share a batch
+        # never changes what a deterministic decode writes for one of them.
         with torch.inference_mode():
-            gen = m.model.generate(**feats, **kwargs, max_new_tokens=min(spec.max_length, 2 * longest + 10))
+            gen = m.model.generate(**feats, **kwargs, max_new_tokens=spec.max_length)
         decoded = tok.batch_decode(gen, skip_special_tokens=True)
         for b, j in enumerate(batch):
             out[todo[j]] = [" ".join(d.split()) for d in decoded[b * num_return:(b + 1) * num_return]]

@@ -219,7 +219,9 @@ def read_input(cfg: AugmentConfig) -> InputData:
             colmap = {n: int(n) for n in names}
         if not wanted:
             if not has_header:
-                raise DataError(f"{src} has no header naming a text column; pass --column NAME or a 0-based index")
+                raise DataError(f"no --column given and none of the usual text columns in {src} (first row: "
+                                f"{', '.join(first[:12])}); pass --column NAME, or a 0-based index for a file "
+                                f"without header")
             wanted = _pick_columns(names, src)
         for c in wanted:
             if c not in names:
@@ -442,7 +444,15 @@ def run_augment(cfg: AugmentConfig, ui, overwrite: bool = False) -> AugmentResul
             if read_chunk(cp, start, stop, len(data.text_columns), cfg.num_return) is not None:
                 resumed += 1
             else:
-                recs = _compute_chunk(cfg, data, start, stop, k, translator, chrf, None)
+                # Within a chunk: texts generated so far (forward, then backward pass) as the bar's note.
+                stage_total = (stop - start) * len(data.text_columns) * (1 + cfg.num_return)
+                seen = [0]
+
+                def tick(m: int, k=k, stage_total=stage_total, seen=seen) -> None:
+                    seen[0] += m
+                    prog.update(start, f"chunk {k + 1}/{n_chunks}: {seen[0]}/{stage_total} generations")
+
+                recs = _compute_chunk(cfg, data, start, stop, k, translator, chrf, tick)
                 atomic_write_text(cp, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
             done_rows = stop
             prog.update(done_rows, f"chunk {k + 1}/{n_chunks}", force_line=True)
