@@ -448,7 +448,7 @@ def run_augment(cfg: AugmentConfig, ui, overwrite: bool = False) -> AugmentResul
                 stage_total = (stop - start) * len(data.text_columns) * (1 + cfg.num_return)
                 seen = [0]
 
-                def tick(m: int, k=k, stage_total=stage_total, seen=seen) -> None:
+                def tick(m: int, k=k, start=start, stage_total=stage_total, seen=seen) -> None:
                     seen[0] += m
                     prog.update(start, f"chunk {k + 1}/{n_chunks}: {seen[0]}/{stage_total} generations")
 

@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 
 from finetune_cli.augment.edits import EditSpec, delete_one_word, delete_words, edit_text, row_rng, swap_words
 from finetune_cli.cli.main import app
-from finetune_cli.ui import UI
 from tests.marian_tiny import build_tiny_marian, corpus_sentences
 
 runner = CliRunner()
@@ -121,15 +120,16 @@ def test_batching_preserves_order(marian):
 def test_higher_temperature_gives_more_distinct_outputs(marian):
     from finetune_cli.augment.backtranslate import BackTranslator, SamplingSpec
 
-    texts = SENTS[:6]
+    texts = SENTS[:8]
 
     def distinct(t: float) -> float:
-        bt = BackTranslator(marian, marian, SamplingSpec(temperature=t, max_length=10), batch_size=16)
-        outs = bt(texts, num_return=5, seed=0)
+        bt = BackTranslator(marian, marian, SamplingSpec(temperature=t, max_length=12), batch_size=48)
+        outs = bt(texts, num_return=6, seed=0)
         return sum(len(set(o)) for o in outs) / len(outs)
 
     cold, hot = distinct(0.05), distinct(1.5)
-    assert cold < 2.0 and hot > 3.5, (cold, hot)
+    print("distinct outputs per input of 6:", cold, hot)
+    assert hot > cold + 2 and hot > 4, (cold, hot)
     beam = BackTranslator(marian, marian, SamplingSpec(temperature=0, num_beams=2, max_length=10), batch_size=8)
     assert beam(texts, seed=0) == beam(texts, seed=1)  # beam search: no randomness at all
 
