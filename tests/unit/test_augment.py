@@ -313,3 +313,15 @@ def test_bad_input_one_line_and_nothing_written(tmp_path, marian_dir, tiny_model
     assert len([ln for ln in res.stderr.splitlines() if ln.strip()]) == 1
     assert not (tmp_path / f"{out.name}.parts").exists()
     assert (out.read_text() if out.exists() else None) == before
+
+
+def test_noisy_ce_recipe_trains_on_an_augmented_file(tmp_path, tiny_recipe, quickstart_data):
+    """The documented flow: `finetune augment` writes noisy.tsv, `finetune train -r noisy_ce` trains on it."""
+    noisy = tmp_path / "noisy.tsv"
+    res = invoke("-i", quickstart_data["train"], "-o", noisy, "--delete-words", "0.3", "-q")
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["train", "-r", "noisy_ce", *tiny_recipe(), f"data.train={noisy}",
+                              f"data.eval={quickstart_data['eval']}", "--json", "-q"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["train_examples"] == 64 and (tmp_path / "runs" / "tiny" / "final" / "config.json").is_file()
