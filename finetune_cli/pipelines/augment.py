@@ -469,7 +469,7 @@ def run_augment(cfg: AugmentConfig, ui, overwrite: bool = False) -> AugmentResul
             for sides, scores in zip(rec["out"], rec["chrf"], strict=True):
                 for c, (hyp, sc) in enumerate(zip(sides, scores, strict=True)):
                     total += 1
-                    changed += hyp != str(data.columns[data.text_columns[c]][i])
+                    changed += hyp != " ".join(str(data.columns[data.text_columns[c]][i]).split())
                     chrf_sum += sc
     examples = [{"input": str(data.columns[data.text_columns[0]][i // cfg.num_return]),
                  "output": str(rows[i][data.text_columns[0]])} for i in range(min(3, len(rows)))]
