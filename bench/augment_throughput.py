@@ -52,8 +52,11 @@ def naive(bt: BackTranslator, texts: list[str], seed: int) -> list[str]:
     for t in texts:
         pair = []
         for m, src in ((bt.forward, t), (bt.backward, None)):
-            enc = m.tokenizer([src if src is not None else pair[-1]], return_tensors="pt", truncation=True,
-                              max_length=bt.spec.max_length)
+            src = src if src is not None else pair[-1]
+            if not src.strip():  # like the batched path: an empty text (or pivot) is not sent to the model
+                pair.append("")
+                continue
+            enc = m.tokenizer([src], return_tensors="pt", truncation=True, max_length=bt.spec.max_length)
             enc = {k: v.to(next(m.model.parameters()).device) for k, v in enc.items()}
             with torch.inference_mode():
                 gen = m.model.generate(**enc, **kw, max_new_tokens=bt.spec.max_length)
@@ -90,13 +93,14 @@ def main() -> None:
                 if dev.type == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                fn()
+                outs = fn()
                 if dev.type == "cuda":
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
             dt = min(times)
             results[name] = {"seconds": round(dt, 3), "sentences_per_second": round(len(texts) / dt, 2),
-                             "all_seconds": [round(t, 3) for t in times]}
+                             "all_seconds": [round(t, 3) for t in times],
+                             "empty_outputs": sum(not (o[0] if isinstance(o, list) else o) for o in outs)}
     ratio = results["batched"]["sentences_per_second"] / results["naive"]["sentences_per_second"]
     print(json.dumps({"bench": "augment_throughput", "device": str(dev), "sentences": len(texts), "source": source,
                       "batch_size": args.batch_size, "temperature": args.temperature, "max_length": args.max_length,

@@ -406,11 +406,11 @@ def run_augment(cfg: AugmentConfig, ui, overwrite: bool = False) -> AugmentResul
     n_chunks = (n + cfg.chunk_size - 1) // cfg.chunk_size
     manifest = {"input": cfg.input, "input_sha256": file_digest(in_path), "rows": n, "chunks": n_chunks,
                 "settings": cfg.settings(data.text_columns)}
-    fresh = True
+    fresh, discard = True, False
     if parts.is_dir():
         old = _read_manifest(parts)
         if overwrite or old is None:
-            shutil.rmtree(parts)
+            discard = True  # removed only once the models have loaded: a failed start keeps what was there
         elif _comparable(old) != _comparable(manifest):
             raise RunDirError(f"{parts} holds a partial run {_difference(old, manifest)}; "
                               f"pass --overwrite to start again")
@@ -431,6 +431,8 @@ def run_augment(cfg: AugmentConfig, ui, overwrite: bool = False) -> AugmentResul
     chrf = _chrf()
 
     # Nothing was written before this point: every check above fails with parts/ and output untouched.
+    if discard:
+        shutil.rmtree(parts)
     parts.mkdir(parents=True, exist_ok=True)
     clean_stale_temps(parts)
     if fresh:
