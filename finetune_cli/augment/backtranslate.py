@@ -101,7 +101,6 @@ def generate(m: Seq2Seq, texts: Sequence[str], spec: SamplingSpec, num_return: i
     order = sorted(range(len(todo)), key=lambda j: -len(ids[j]))
     device = next(m.model.parameters()).device
     kwargs = spec.generate_kwargs(num_return)
-    done = 0
     for s in range(0, len(order), batch_size):
         batch = order[s:s + batch_size]
         feats = tok.pad({"input_ids": [ids[j] for j in batch]}, return_tensors="pt")
@@ -113,7 +112,6 @@ def generate(m: Seq2Seq, texts: Sequence[str], spec: SamplingSpec, num_return: i
         decoded = tok.batch_decode(gen, skip_special_tokens=True)
         for b, j in enumerate(batch):
             out[todo[j]] = [" ".join(d.split()) for d in decoded[b * num_return:(b + 1) * num_return]]
-        done += len(batch)
         if progress is not None:
             progress(len(batch))
     return out
