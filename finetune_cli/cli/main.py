@@ -7,6 +7,7 @@ import typer
 from finetune_cli import __version__
 from finetune_cli.cli import recipes
 from finetune_cli.cli.eval import eval_cmd
+from finetune_cli.cli.report import report_cmd
 from finetune_cli.cli.train import train
 
 app = typer.Typer(
@@ -19,6 +20,7 @@ app = typer.Typer(
 app.command("train")(train)
 app.command("eval")(eval_cmd)
 app.add_typer(recipes.app, name="recipes")
+app.command("report")(report_cmd)
 
 
 def _version(value: bool) -> None:
