@@ -22,10 +22,15 @@ def tsne_perplexity(n: int, wanted: float = 30.0) -> float:
 def tsne_2d(embeddings: np.ndarray, seed: int = 0, perplexity: Optional[float] = None) -> np.ndarray:
     """2-D t-SNE of ``embeddings`` (PCA initialisation, fixed seed: the same input gives the same picture)."""
     from sklearn.manifold import TSNE
+    from threadpoolctl import threadpool_limits
 
     x = np.asarray(embeddings, dtype=np.float32)
     p = tsne_perplexity(len(x)) if perplexity is None else perplexity
-    return TSNE(n_components=2, perplexity=p, init="pca", random_state=seed, learning_rate="auto").fit_transform(x)
+    # One thread: the Barnes-Hut OpenMP loop spin-waits, and on a busy machine (or beside torch's
+    # own threads) several threads ran 25x slower than one in our measurements.
+    with threadpool_limits(limits=1):
+        return TSNE(n_components=2, perplexity=p, init="pca", random_state=seed,
+                    learning_rate="auto").fit_transform(x)
 
 
 def tsne_plot(embeddings: np.ndarray, labels: np.ndarray, label_names: Sequence[str], path: Path, *,
