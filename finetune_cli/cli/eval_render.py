@@ -17,7 +17,7 @@ def render_classification(ui, res) -> None:
     cm.add_column("gold \\ pred")
     for name in res.labels:
         cm.add_column(name, justify="right")
-    for name, row in zip(res.labels, res.confusion_matrix):
+    for name, row in zip(res.labels, res.confusion_matrix, strict=True):
         cm.add_row(name, *map(str, row))
     ui.print(cm)
     rel = Table(title=f"reliability ({res.calibration['n_bins']} equal-width bins, non-empty shown)")

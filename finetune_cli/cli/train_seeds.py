@@ -19,7 +19,7 @@ def train_seeds(recipe, seeds: str, ui, *, device: str, data_dir: Optional[str],
     seed_list = parse_seeds(seeds)
     outs = run_seeds(recipe, seed_list, ui, device=device, data_dir=data_dir, overwrite=overwrite)
     rows = []
-    for seed, o in zip(seed_list, outs):
+    for seed, o in zip(seed_list, outs, strict=True):
         status = "skipped (complete)" if o.already_complete else ("resumed" if o.resumed_from else "trained")
         rows.append({"seed": seed, "status": status, **o.summary})
     if json_out:

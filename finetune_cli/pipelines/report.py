@@ -349,8 +349,10 @@ def to_markdown(rep: Report) -> str:
                       "two-sided paired t-test; Wilcoxon signed-rank with ≥ 5 pairs):", "",
                   "| A − B | metric | n | mean A | mean B | difference | 95% CI | p (paired t) | p (Wilcoxon) |",
                   "|---|---|---:|---:|---:|---:|---|---:|---:|"]
+        def f(v: Optional[float]) -> str:
+            return "–" if v is None else f"{v:.4f}"
+
         for c in rep.comparisons:
-            f = (lambda v: "–" if v is None else f"{v:.4f}")
             diff = "–" if c.diff is None else f"{c.diff:+.4f}"
             lines.append(f"| {c.a} − {c.b} | {c.metric} | {c.n} | {f(c.mean_a)} | {f(c.mean_b)} | {diff} | "
                          f"{fmt_ci(c.ci95)} | {fmt_p(c.t_pvalue)} | {fmt_p(c.wilcoxon_pvalue)} |")

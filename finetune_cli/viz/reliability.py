@@ -25,7 +25,7 @@ def reliability_diagram(bins: Sequence[dict[str, Any]], path: Path, *, ece: floa
     counts = [b["count"] for b in bins]
     ax.bar(lefts, acc, width=width, align="edge", color="#3b75af", edgecolor="black", linewidth=0.6,
            label="accuracy")
-    for b, a in zip(bins, acc):
+    for b, a in zip(bins, acc, strict=True):
         if b["count"]:
             c = b["mean_confidence"]
             ax.bar(b["lower"], c - a, bottom=a, width=width, align="edge", color="#e8736c", alpha=0.45,

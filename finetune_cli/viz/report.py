@@ -20,7 +20,7 @@ def report_plot(rep, path: Path) -> Path:
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, 3.4 * rows), squeeze=False)
     rng = np.random.default_rng(0)
     names = [g.name for g in rep.groups]
-    for ax, m in zip(axes.flat, rep.metrics):
+    for ax, m in zip(axes.flat, rep.metrics, strict=False):
         data = [list(g.stats[m]["values"].values()) for g in rep.groups]
         ax.boxplot(data, widths=0.55, showfliers=False)
         ax.set_xticks(range(1, len(names) + 1), names, rotation=20 if len(names) > 3 else 0, fontsize=8)

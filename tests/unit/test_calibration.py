@@ -5,8 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from finetune_cli.metrics.calibration import (bin_index, calibration_metrics, expected_calibration_error,
-                                              maximum_calibration_error, reliability_bins, softmax)
+from finetune_cli.metrics.calibration import (
+    bin_index,
+    calibration_metrics,
+    expected_calibration_error,
+    maximum_calibration_error,
+    reliability_bins,
+    softmax,
+)
 from finetune_cli.metrics.classification import confusion, per_class_metrics
 
 CONF = np.array([0.95, 0.85, 0.82, 0.65, 0.45, 0.30])

@@ -37,8 +37,8 @@ def test_train_seeds_resume_eval_and_report(tiny_recipe, tmp_path):
     assert [r["run_dir"] for r in rows] == [str(root / "seed-1"), str(root / "seed-2")]
     assert all(r["train_examples"] == 24 for r in rows)  # 12 per class, two classes
     # the seed also draws the few-shot sample: the two seeds train on different sentences
-    from finetune_cli.data.tasks import few_shot_indices
     from finetune_cli.data.sources import read_file
+    from finetune_cli.data.tasks import few_shot_indices
 
     labels = read_file(base[2].split("=", 1)[1], {"text": "sentence", "label": "label"}).columns["label"]
     assert few_shot_indices(labels, 12, 1) != few_shot_indices(labels, 12, 2)

@@ -71,7 +71,7 @@ def fake_run(root: Path, name: str, seed: int, acc: float, *, objective: str = "
 @pytest.fixture
 def two_recipes(tmp_path):
     root = tmp_path / "runs"
-    for s, (a, b) in enumerate(zip(A, B), 1):
+    for s, (a, b) in enumerate(zip(A, B, strict=True), 1):
         fake_run(root, "scl", s, a, objective="scl")
         fake_run(root, "ce", s, b)
     return root
