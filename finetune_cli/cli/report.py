@@ -40,5 +40,7 @@ def report_cmd(
         from finetune_cli.cli.report_render import render_report
 
         render_report(ui, rep)
+    for note in rep.notes:
+        ui.warn(note)
     if rep.plot:
         ui.log(f"plot: {rep.plot}")

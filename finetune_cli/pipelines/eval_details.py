@@ -36,6 +36,11 @@ def classification_details(res, logits: np.ndarray, embeddings: np.ndarray, labe
         return
     out_dir = Path(out_dir)
     res.saved_to = str(out_dir / EVAL_FILE)
+    from finetune_cli.viz._mpl import available
+
+    if figures and not available():
+        ui.warn("figures skipped: matplotlib is not installed (pip install 'finetune-cli[plots]')")
+        figures = False
     if figures:
         from finetune_cli.viz.embeddings import tsne_plot
         from finetune_cli.viz.reliability import reliability_diagram

@@ -302,9 +302,14 @@ def build_report(paths: Sequence[str], compare: Sequence[str] = (), plot: Option
             comparisons.append(Comparison(a=a, b=b, metric=m, seeds=shared, **paired_stats(va, vb)))
     rep = Report(task=first.task, metrics=metrics, groups=groups, comparisons=comparisons, runs=runs)
     if plot is not None:
-        from finetune_cli.viz.report import report_plot
+        from finetune_cli.viz._mpl import available
 
-        rep.plot = str(report_plot(rep, plot))
+        if available():
+            from finetune_cli.viz.report import report_plot
+
+            rep.plot = str(report_plot(rep, plot))
+        else:
+            rep.notes.append("plot skipped: matplotlib is not installed (pip install 'finetune-cli[plots]')")
     return rep
 
 

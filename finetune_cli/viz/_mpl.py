@@ -7,6 +7,13 @@ from pathlib import Path
 from finetune_cli.errors import FinetuneError
 
 
+def available() -> bool:
+    """Whether matplotlib is installed (it is the optional ``plots`` extra)."""
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def pyplot():
     try:
         import matplotlib

@@ -152,3 +152,12 @@ def test_cli_report_bad_input(tmp_path):
     (root / "ce" / "seed-1" / "summary.json").unlink()
     res = runner.invoke(app, ["report", str(root / "ce"), "--no-plot"])
     assert res.exit_code == 2 and "is not finished (no summary.json)" in _err(res)
+
+
+def test_report_without_matplotlib_skips_the_plot_with_a_note(two_recipes, monkeypatch):
+    import finetune_cli.viz._mpl as mpl
+
+    monkeypatch.setattr(mpl, "available", lambda: False)
+    res = runner.invoke(app, ["report", str(two_recipes / "ce"), str(two_recipes / "scl")])
+    assert res.exit_code == 0, res.output
+    assert "plot skipped: matplotlib is not installed" in res.stderr and not (two_recipes / "report.png").exists()
