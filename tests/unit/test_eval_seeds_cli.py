@@ -71,7 +71,7 @@ def test_train_seeds_resume_eval_and_report(tiny_recipe, tmp_path):
 
     # --out puts the files elsewhere; --no-figures writes only eval.json
     out = tmp_path / "ev"
-    res = invoke("eval", str(root / "seed-2"), "--out", str(out), "--no-figures", "-q")
+    res = invoke("eval", str(root / "seed-2"), "--out", str(out), "--no-figures")
     assert res.exit_code == 0, res.output
     assert (out / "eval.json").is_file() and not (out / "figures").exists()
     assert "ece (15 bins)" in res.stderr and "confusion matrix" in res.stderr
