@@ -161,3 +161,9 @@ def test_report_without_matplotlib_skips_the_plot_with_a_note(two_recipes, monke
     res = runner.invoke(app, ["report", str(two_recipes / "ce"), str(two_recipes / "scl")])
     assert res.exit_code == 0, res.output
     assert "plot skipped: matplotlib is not installed" in res.stderr and not (two_recipes / "report.png").exists()
+
+
+def test_report_is_a_listed_subcommand():
+    assert "report" in runner.invoke(app, ["--help"]).stdout
+    res = runner.invoke(app, ["report", "--help"])
+    assert res.exit_code == 0 and "--compare" in res.stdout and "--markdown" in res.stdout
