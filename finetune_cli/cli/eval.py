@@ -19,15 +19,22 @@ def eval_cmd(
     device: DeviceOpt = "auto",
     data_dir: DataDirOpt = None,
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", min=1)] = None,
+    bins: Annotated[int, typer.Option("--bins", min=1, help="Equal-width confidence bins for ECE/MCE.")] = 15,
+    out: Annotated[Optional[str], typer.Option(
+        "--out", help="Folder for eval.json and figures/ (default: the run directory evaluated).")] = None,
+    no_figures: Annotated[bool, typer.Option("--no-figures", help="Skip the reliability and t-SNE PNGs.")] = False,
+    tsne_max: Annotated[int, typer.Option("--tsne-max", min=4, help="Most points in the t-SNE picture.")] = 2000,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Evaluate a model: accuracy, macro-F1 and MCC on the recipe's evaluation data."""
+    """Evaluate a model: accuracy, macro-F1, MCC, per-class scores, confusion matrix, calibration
+    (ECE/MCE) and reliability / t-SNE figures on the recipe's evaluation data."""
     from finetune_cli.pipelines.evaluate import eval_recipe, run_eval
 
     r = eval_recipe(model, recipe, overrides or [])
     ui = UI(quiet=quiet)
-    res = run_eval(model, r, ui, device=device, data_dir=data_dir, batch_size=batch_size)
+    res = run_eval(model, r, ui, device=device, data_dir=data_dir, batch_size=batch_size, bins=bins,
+                   figures=not no_figures, out=out, tsne_max=tsne_max)
     if json_out:
         emit_json(res.to_dict())
         return
@@ -38,4 +45,12 @@ def eval_cmd(
     t.add_column("value", justify="right")
     for k, v in res.metrics.items():
         t.add_row(k, f"{v:.4f}")
+    if res.calibration is not None:
+        for k in ("ece", "mce", "nll"):
+            t.add_row(k + (f" ({res.calibration['n_bins']} bins)" if k != "nll" else ""),
+                      f"{res.calibration[k]:.4f}")
     ui.print(t)
+    if res.per_class is not None and not quiet:
+        from finetune_cli.cli.eval_render import render_classification
+
+        render_classification(ui, res)

@@ -8,6 +8,7 @@ from finetune_cli import __version__
 from finetune_cli.cli import probe, recipes
 from finetune_cli.cli.augment import augment
 from finetune_cli.cli.eval import eval_cmd
+from finetune_cli.cli.report import report_cmd
 from finetune_cli.cli.train import train
 
 app = typer.Typer(
@@ -22,6 +23,7 @@ app.command("eval")(eval_cmd)
 app.command("augment")(augment)
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(probe.app, name="probe")
+app.command("report")(report_cmd)
 
 
 def _version(value: bool) -> None:

@@ -22,6 +22,9 @@ def train(
         "--resume", help="Resume from this checkpoint directory. Without it, a rerun into the same run "
                          "directory resumes from its newest checkpoint.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a different run in the output directory.")] = False,
+    seeds: Annotated[Optional[str], typer.Option(
+        "--seeds", help="Train once per seed (e.g. 1,2,3 or 1-5) into <output.dir>/<name>/seed-<k>/; "
+                        "finished seeds are skipped, interrupted ones resume.")] = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -30,6 +33,11 @@ def train(
 
     r = load_recipe(recipe, overrides or [])
     ui = UI(quiet=quiet)
+    if seeds is not None:
+        from finetune_cli.cli.train_seeds import train_seeds
+
+        return train_seeds(r, seeds, ui, device=device, data_dir=data_dir, resume=resume, overwrite=overwrite,
+                           json_out=json_out)
     out = run_train(r, ui, device=device, data_dir=data_dir, resume=resume, overwrite=overwrite)
     s = out.summary
     if json_out:

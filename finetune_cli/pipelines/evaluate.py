@@ -13,6 +13,7 @@ import yaml
 from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine.inference import forward_all
 from finetune_cli.errors import DataError, ModelError
+from finetune_cli.metrics.calibration import DEFAULT_BINS
 from finetune_cli.models.loading import is_run_dir, load_text_model
 from finetune_cli.pipelines.common import encode, evaluate_logits, load_data, objective_class
 from finetune_cli.recipe import Recipe, apply_overrides, build_recipe, load_recipe
@@ -24,6 +25,13 @@ class EvalResult:
     data: str
     examples: int
     metrics: dict[str, float]
+    # classification in depth (see ``classification_details``); None for other tasks
+    labels: Optional[list[str]] = None
+    per_class: Optional[list[dict[str, Any]]] = None
+    confusion_matrix: Optional[list[list[int]]] = None
+    calibration: Optional[dict[str, Any]] = None
+    figures: Optional[dict[str, str]] = None
+    saved_to: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -52,7 +60,8 @@ def eval_recipe(model: str, recipe_path: Optional[str], overrides: list[str]) ->
 
 
 def run_eval(model_name: str, recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[str] = None,
-             batch_size: Optional[int] = None) -> EvalResult:
+             batch_size: Optional[int] = None, bins: int = DEFAULT_BINS, figures: bool = True,
+             out: Optional[str] = None, tsne_max: Optional[int] = 2000) -> EvalResult:
     cls = objective_class(recipe)
     model, tokenizer, path = load_text_model(model_name)
     if model.classifier is None:
@@ -66,7 +75,24 @@ def run_eval(model_name: str, recipe: Recipe, ui, *, device: str = "auto", data_
     dev = pick_device(device)
     model.to(dev)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    want = ("logits", "embeddings") if cls.label_type == "class" else ("logits",)
     with ui.progress(len(enc), "eval", transient=True) as prog:
-        logits = forward_all(model, enc, batch_size or recipe.train.eval_batch_size, pad, dev, progress=prog)["logits"]
+        outs = forward_all(model, enc, batch_size or recipe.train.eval_batch_size, pad, dev, want=want, progress=prog)
+    logits = outs["logits"]
     metrics = evaluate_logits(cls.label_type, logits, enc.labels)
-    return EvalResult(model=path, data=data.eval.source, examples=len(enc), metrics=metrics)
+    res = EvalResult(model=path, data=data.eval.source, examples=len(enc), metrics=metrics)
+    if cls.label_type == "class":
+        from finetune_cli.pipelines.eval_details import classification_details
+
+        classification_details(res, logits, outs["embeddings"], enc.labels, names or [], ui, bins=bins,
+                               figures=figures, out_dir=eval_output_dir(model_name, out), tsne_max=tsne_max,
+                               seed=recipe.train.seed)
+    return res
+
+
+def eval_output_dir(model_name: str, out: Optional[str]) -> Optional[Path]:
+    """Where ``eval.json`` and figures go: ``--out``, else the run directory that was evaluated."""
+    if out is not None:
+        return Path(out)
+    p = Path(model_name)
+    return p if p.is_dir() and is_run_dir(p) else None

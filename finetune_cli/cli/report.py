@@ -1,0 +1,46 @@
+"""``finetune report``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from finetune_cli.cli.common import JsonOpt, emit_json, handle_errors
+from finetune_cli.ui import UI
+
+
+@handle_errors
+def report_cmd(
+    run_dirs: Annotated[list[str], typer.Argument(
+        help="Run directories (or folders of seed-*/ runs), e.g. runs/ce runs/scl.", show_default=False)],
+    compare: Annotated[Optional[list[str]], typer.Option(
+        "--compare", help="A,B: paired comparison of recipe A against B over shared seeds (repeatable). "
+                          "Default with exactly two recipes: the second against the first.")] = None,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print Markdown tables on stdout.")] = False,
+    plot: Annotated[Optional[str], typer.Option(
+        "--plot", help="PNG box plot path (default: report.png beside the runs).")] = None,
+    no_plot: Annotated[bool, typer.Option("--no-plot", help="Do not write the PNG.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Mean ± std per metric per recipe over seeds, and paired comparisons (t-test, Wilcoxon)."""
+    from pathlib import Path
+
+    from finetune_cli.pipelines.report import build_report, default_plot_path, to_markdown
+
+    ui = UI()
+    out = None if no_plot else (Path(plot) if plot else default_plot_path(run_dirs))
+    rep = build_report(run_dirs, compare or [], plot=out)
+    if json_out:
+        emit_json(rep.to_dict())
+        return
+    if markdown:
+        typer.echo(to_markdown(rep), nl=False)
+    else:
+        from finetune_cli.cli.report_render import render_report
+
+        render_report(ui, rep)
+    for note in rep.notes:
+        ui.warn(note)
+    if rep.plot:
+        ui.log(f"plot: {rep.plot}")

@@ -1,0 +1,41 @@
+"""``finetune train --seeds``: run and render one run per seed."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from finetune_cli.cli.common import emit_json
+from finetune_cli.errors import RunDirError
+
+
+def train_seeds(recipe, seeds: str, ui, *, device: str, data_dir: Optional[str], resume: Optional[str],
+                overwrite: bool, json_out: bool) -> None:
+    from finetune_cli.pipelines.multiseed import parse_seeds, run_seeds
+    from finetune_cli.pipelines.report import mean_std
+
+    if resume is not None:
+        raise RunDirError("--resume names one checkpoint and cannot be used with --seeds "
+                          "(rerunning the command resumes every unfinished seed)")
+    seed_list = parse_seeds(seeds)
+    outs = run_seeds(recipe, seed_list, ui, device=device, data_dir=data_dir, overwrite=overwrite)
+    rows = []
+    for seed, o in zip(seed_list, outs, strict=True):
+        status = "skipped (complete)" if o.already_complete else ("resumed" if o.resumed_from else "trained")
+        rows.append({"seed": seed, "status": status, **o.summary})
+    if json_out:
+        emit_json(rows)
+        return
+    from rich.table import Table
+
+    metric = next((r["metric"] for r in rows if r.get("metric")), None)
+    t = Table(title=f"{len(rows)} seeds · {recipe.run_dir}")
+    for c in ("seed", "status", "run", "steps", "train s", f"best {metric}" if metric else "best"):
+        t.add_column(c, justify="right" if c not in ("status", "run") else "left")
+    for r in rows:
+        best = f"{r['best_metric']:.4f}" if r.get("best_metric") is not None else "-"
+        t.add_row(str(r["seed"]), r["status"], r["run_dir"], str(r["steps"]), str(r["train_seconds"]), best)
+    vals = [r["best_metric"] for r in rows if r.get("best_metric") is not None]
+    if vals:
+        m, s = mean_std(vals)
+        t.add_row("all", "", "mean ± std", "", "", f"{m:.4f} ± {s:.4f}" if s is not None else f"{m:.4f}")
+    ui.print(t)

@@ -1,0 +1,69 @@
+"""``finetune train --seeds 1,2,3``: one run per seed into ``<output.dir>/<name>/seed-<k>/``.
+
+Each seed is an ordinary ``run_train``: a finished seed (``summary.json`` present) is skipped, an
+interrupted one resumes from its newest checkpoint, so rerunning the command finishes the set.
+The seed sets ``train.seed``; ``data.seed`` defaults to it, so with ``data.few_shot=N`` every seed
+also draws its own N examples per class, as few-shot studies do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Optional
+
+from finetune_cli.pipelines.train import TrainOutcome, run_train
+from finetune_cli.recipe import Recipe, RecipeError
+
+SEED_DIR = re.compile(r"seed-(-?\d+)")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"1,2,3"`` or ``"1-5"`` (or a mix, ``"1-3,7"``) -> distinct integers, in order."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(-?\d+)(?:-(-?\d+))?", part)
+        if not m:
+            raise RecipeError(f"--seeds must be comma-separated integers or ranges like 1-5, got {text!r}")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise RecipeError(f"--seeds range {part!r} is empty")
+        for s in range(lo, hi + 1):
+            if s in seeds:
+                raise RecipeError(f"--seeds lists seed {s} twice")
+            seeds.append(s)
+    return seeds
+
+
+def seed_recipe(recipe: Recipe, seed: int) -> Recipe:
+    """The recipe of one seed: ``train.seed=seed``, output ``<dir>/<name>/seed-<seed>``."""
+    base = recipe.run_dir
+    return dataclasses.replace(
+        recipe,
+        train=dataclasses.replace(recipe.train, seed=seed),
+        output=dataclasses.replace(recipe.output, dir=str(base), name=f"seed-{seed}"),
+    )
+
+
+def run_seeds(recipe: Recipe, seeds: Sequence[int], ui, *, device: str = "auto", data_dir: Optional[str] = None,
+              overwrite: bool = False, callbacks: Sequence[Callable] = ()) -> list[TrainOutcome]:
+    """Train ``recipe`` once per seed; returns the outcomes in seed order."""
+    if not seeds:
+        raise RecipeError("--seeds is empty")
+    if recipe.data.seed is not None:
+        ui.warn(f"data.seed is fixed at {recipe.data.seed}: every seed trains on the same data sample")
+    outcomes = []
+    for k, seed in enumerate(seeds, 1):
+        r = seed_recipe(recipe, seed)
+        ui.log(f"seed {seed} ({k}/{len(seeds)}) -> {r.run_dir}")
+        outcomes.append(run_train(r, ui, device=device, data_dir=data_dir, overwrite=overwrite, callbacks=callbacks))
+    return outcomes
+
+
+def seed_of(run_dir: Path) -> Optional[int]:
+    m = SEED_DIR.fullmatch(Path(run_dir).name)
+    return int(m.group(1)) if m else None
