@@ -113,7 +113,9 @@ class TextModel(nn.Module):
             out = self.encoder(input_ids=features["input_ids"], **kwargs)
         else:
             kind, eps = noise
-            emb = self.encoder.get_input_embeddings()(features["input_ids"])
+            # Detached, as the R3F reference code does (fairseq ``token_embeddings.detach()``): the
+            # noisy pass trains the encoder layers and heads, not the word-embedding table.
+            emb = self.encoder.get_input_embeddings()(features["input_ids"]).detach()
             if kind == "uniform":
                 z = torch.empty_like(emb).uniform_(-eps, eps)
             else:
