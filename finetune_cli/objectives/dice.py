@@ -11,6 +11,11 @@ from finetune_cli.objectives.base import Objective, check_range
 from finetune_cli.objectives.registry import register
 
 
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """float32 at least (bf16/fp16 logits under autocast), float64 kept for exact tests."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def self_adjusting_dice_loss(logits: torch.Tensor, labels: torch.Tensor, alpha: float = 0.01,
                              gamma: float = 1.0) -> torch.Tensor:
     r"""Mean over examples of ``Σ_c 1 − (2 q_ic y_ic + γ) / (q_ic + y_ic + γ)``, ``q = (1 − p)^α p``.
@@ -20,7 +25,7 @@ def self_adjusting_dice_loss(logits: torch.Tensor, labels: torch.Tensor, alpha: 
     example's numbers, so an example's loss does not depend on the rest of the batch (the
     reference code sums the denominator over the whole batch instead; see :class:`DiceLoss`).
     """
-    p = F.softmax(logits.float(), dim=-1)
+    p = F.softmax(_upcast(logits), dim=-1)
     y = F.one_hot(labels, num_classes=logits.shape[-1]).to(p.dtype)
     q = p if alpha == 0.0 else (1.0 - p).pow(alpha) * p
     per_class = 1.0 - (2.0 * q * y + gamma) / (q + y + gamma)

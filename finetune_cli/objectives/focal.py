@@ -12,6 +12,11 @@ from finetune_cli.objectives.base import Objective, check_range
 from finetune_cli.objectives.registry import register
 
 
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """float32 at least (bf16/fp16 logits under autocast), float64 kept for exact tests."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def focal_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float = 2.0,
                alpha: Optional[torch.Tensor] = None) -> torch.Tensor:
     r"""Mean over the batch of ``−α_t (1 − p_t)^γ log p_t``, ``p_t`` the gold class's probability.
@@ -19,7 +24,7 @@ def focal_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float = 2.0,
     ``alpha`` is a per-class weight vector (``α_t = alpha[y]``) or None (``α_t = 1``). With γ = 0
     and no α this is the per-example cross-entropy times exactly 1, i.e. ``F.cross_entropy``.
     """
-    nll = F.cross_entropy(logits.float(), labels, reduction="none")  # −log p_t, stable
+    nll = F.cross_entropy(_upcast(logits), labels, reduction="none")  # −log p_t, stable
     if gamma != 0.0:
         # 1 − p_t as −expm1(−nll): exact for confident examples where 1 − exp(−nll) cancels. The
         # clamp keeps (1 − p_t)^γ differentiable at p_t = 1 for γ < 1 (its derivative is ∞ there).

@@ -30,10 +30,14 @@ import torch.nn.functional as F
 
 from finetune_cli.errors import DataError
 from finetune_cli.objectives.base import Objective, check_range
-from finetune_cli.objectives.ce import cross_entropy
 from finetune_cli.objectives.registry import register
 
 NOISE_TYPES = ("uniform", "normal")
+
+
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """float32 at least (bf16/fp16 logits under autocast), float64 kept for exact tests."""
+    return x if x.dtype == torch.float64 else x.float()
 
 
 def symmetric_kl(logits_a: torch.Tensor, logits_b: torch.Tensor) -> torch.Tensor:
@@ -44,8 +48,8 @@ def symmetric_kl(logits_a: torch.Tensor, logits_b: torch.Tensor) -> torch.Tensor
     (the two KL terms summed over classes collapse to this form). Symmetric in its arguments,
     zero iff the two distributions agree, gradients through both.
     """
-    lp = F.log_softmax(logits_a.float(), dim=-1)
-    lq = F.log_softmax(logits_b.float(), dim=-1)
+    lp = F.log_softmax(_upcast(logits_a), dim=-1)
+    lq = F.log_softmax(_upcast(logits_b), dim=-1)
     # (p - q)(log p - log q) is KL(p‖q) + KL(q‖p) summed over classes: one pass instead of two
     # kl_div calls, same value.
     return ((lp.exp() - lq.exp()) * (lp - lq)).sum(-1).mean()
@@ -54,7 +58,7 @@ def symmetric_kl(logits_a: torch.Tensor, logits_b: torch.Tensor) -> torch.Tensor
 def r3f_loss(clean_logits: torch.Tensor, noisy_logits: torch.Tensor, labels: torch.Tensor,
              lam: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(total, ce, sym_kl)`` with ``total = CE(clean) + lam · KL_S(clean, noisy)``."""
-    ce = cross_entropy(clean_logits, labels)
+    ce = F.cross_entropy(_upcast(clean_logits), labels)
     kl = symmetric_kl(clean_logits, noisy_logits)
     return ce + lam * kl, ce, kl
 
@@ -104,7 +108,7 @@ class R3F(Objective):
         feats = batch["features"][0]
         clean = model(feats).logits
         if not model.training:
-            ce = cross_entropy(clean, labels)
+            ce = F.cross_entropy(_upcast(clean), labels)
             return {"loss": ce, "ce": ce.detach()}
         noisy = model(feats, noise=(self.noise, self.eps)).logits
         total, ce, kl = r3f_loss(clean, noisy, labels, self.lam)
