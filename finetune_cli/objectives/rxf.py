@@ -106,11 +106,16 @@ class R3F(Objective):
             raise DataError(f"objective `{self.name}` needs class labels; regression targets are not supported "
                             "(the reference code drops the R3F term for regression)")
         feats = batch["features"][0]
-        clean = model(feats).logits
         if not model.training:
-            ce = F.cross_entropy(_upcast(clean), labels)
+            ce = F.cross_entropy(_upcast(model(feats).logits), labels)
             return {"loss": ce, "ce": ce.detach()}
-        noisy = model(feats, noise=(self.noise, self.eps)).logits
+        # Clean and noisy copies go through the encoder as one batch of 2N rows: the same maths
+        # as two passes (no layer mixes rows; dropout masks are drawn per row either way), but
+        # half the kernel launches and larger matrix products (measured faster, see notes).
+        n = labels.shape[0]
+        both = {k: torch.cat([v, v]) for k, v in feats.items()}
+        logits = model(both, noise=(self.noise, self.eps, n)).logits
+        clean, noisy = logits[:n], logits[n:]
         total, ce, kl = r3f_loss(clean, noisy, labels, self.lam)
         return {"loss": total, "ce": ce.detach(), "sym_kl": kl.detach()}
 
