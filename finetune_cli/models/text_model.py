@@ -99,7 +99,7 @@ class TextModel(nn.Module):
     def config(self):  # the encoder's HF config (id2label, label2id, ...)
         return self.encoder.config
 
-    def forward(self, features: dict[str, torch.Tensor], noise: Optional[tuple[str, float]] = None,
+    def forward(self, features: dict[str, torch.Tensor], noise: Optional[tuple] = None,
                 ) -> ModelOutput:
         """Encode one tokenised batch.
 
@@ -107,18 +107,25 @@ class TextModel(nn.Module):
             features: ``input_ids``, ``attention_mask`` and optionally ``token_type_ids``.
             noise: ``("uniform", eps)`` or ``("normal", eps)`` adds noise to the input token
                 embeddings (before position/type embeddings are added), as R3F does.
+                ``(kind, eps, k)`` leaves the first ``k`` rows clean, so R3F can encode a batch
+                and its noisy copy in one pass.
         """
         kwargs = {k: v for k, v in features.items() if k in ("attention_mask", "token_type_ids")}
         if noise is None:
             out = self.encoder(input_ids=features["input_ids"], **kwargs)
         else:
-            kind, eps = noise
+            kind, eps, *rest = noise
+            start = int(rest[0]) if rest else 0
             emb = self.encoder.get_input_embeddings()(features["input_ids"])
+            # Noisy rows start from detached embeddings, as the R3F reference code does (fairseq
+            # ``token_embeddings.detach()``): they train the encoder layers and heads, not the
+            # word-embedding table. Clean rows keep their gradient.
+            noisy = emb[start:].detach()
             if kind == "uniform":
-                z = torch.empty_like(emb).uniform_(-eps, eps)
+                noisy = noisy + torch.empty_like(noisy).uniform_(-eps, eps)
             else:
-                z = torch.randn_like(emb) * eps
-            out = self.encoder(inputs_embeds=emb + z, **kwargs)
+                noisy = noisy + torch.randn_like(noisy) * eps
+            out = self.encoder(inputs_embeds=torch.cat([emb[:start], noisy]) if start else noisy, **kwargs)
         pooled = pool(out.last_hidden_state, features["attention_mask"], self.spec.pooling,
                       getattr(out, "pooler_output", None))
         logits = self.classifier(pooled) if self.classifier is not None else None
