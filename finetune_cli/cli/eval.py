@@ -22,12 +22,16 @@ def eval_cmd(
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Evaluate a model: accuracy, macro-F1 and MCC on the recipe's evaluation data."""
+    """Evaluate a model: accuracy, macro-F1 and MCC on the recipe's evaluation data; for an embedding
+    model, Spearman/Pearson of cosines against gold pair scores, alignment and uniformity."""
     from finetune_cli.pipelines.evaluate import eval_recipe, run_eval
 
     r = eval_recipe(model, recipe, overrides or [])
     ui = UI(quiet=quiet)
-    res = run_eval(model, r, ui, device=device, data_dir=data_dir, batch_size=batch_size)
+    from finetune_cli.pipelines.similarity import run_eval_similarity, wants_similarity
+
+    run = run_eval_similarity if wants_similarity(model, r) else run_eval  # embedding model: STS metrics
+    res = run(model, r, ui, device=device, data_dir=data_dir, batch_size=batch_size)
     if json_out:
         emit_json(res.to_dict())
         return

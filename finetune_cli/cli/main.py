@@ -6,6 +6,7 @@ import typer
 
 from finetune_cli import __version__
 from finetune_cli.cli import recipes
+from finetune_cli.cli.embed import embed_cmd
 from finetune_cli.cli.eval import eval_cmd
 from finetune_cli.cli.train import train
 
@@ -18,6 +19,7 @@ app = typer.Typer(
 )
 app.command("train")(train)
 app.command("eval")(eval_cmd)
+app.command("embed")(embed_cmd)
 app.add_typer(recipes.app, name="recipes")
 
 
