@@ -56,9 +56,16 @@ def load_data(recipe: Recipe, cls, data_dir: Optional[Path], need_train: bool = 
     if cfg.nli_triplets:
         from finetune_cli.data.nli import nli_triplets
 
-        raw = load_task_data(cfg, seed=recipe.train.seed, label_type=None, required_columns=("text", "text_pair", "label"),
+        from finetune_cli.data.tasks import subsample
+
+        # Triplets are built from whole premise groups, so sub-sampling applies to the triplets.
+        raw = load_task_data(dataclasses.replace(cfg, max_train_samples=None), seed=recipe.train.seed,
+                             label_type=None, required_columns=("text", "text_pair", "label"),
                              data_dir=data_dir, need_train=need_train, need_eval=False)
-        return TaskData(nli_triplets(raw.train) if raw.train is not None else None, None, None, None)
+        train = nli_triplets(raw.train) if raw.train is not None else None
+        if train is not None and cfg.max_train_samples:
+            train = subsample(train, cfg.max_train_samples, cfg.seed if cfg.seed is not None else recipe.train.seed)
+        return TaskData(train, None, None, None)
     return load_task_data(cfg, seed=recipe.train.seed, label_type=cls.label_type,
                           required_columns=required, data_dir=data_dir,
                           need_train=need_train, need_eval=need_eval, min_classes=cls.min_classes if
