@@ -24,7 +24,7 @@ def nli_triplets(t: Table) -> Table:
             raise DataError(f"data.nli_triplets needs `{c}` in {t.source} (premise -> text, hypothesis -> "
                             f"text_pair, label -> label)")
     groups: dict[str, tuple[list[str], list[str], int]] = {}
-    for i, (p, h, lab) in enumerate(zip(t.columns["text"], t.columns["text_pair"], t.columns["label"])):
+    for i, (p, h, lab) in enumerate(zip(t.columns["text"], t.columns["text_pair"], t.columns["label"], strict=True)):
         key = str(p).strip()
         g = groups.setdefault(key, ([], [], t.row_ids[i] if t.row_ids else i + 1))
         lab = str(lab).strip().lower()

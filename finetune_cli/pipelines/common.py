@@ -55,7 +55,6 @@ def load_data(recipe: Recipe, cls, data_dir: Optional[Path], need_train: bool = 
     required = tuple(cls.required_columns)
     if cfg.nli_triplets:
         from finetune_cli.data.nli import nli_triplets
-
         from finetune_cli.data.tasks import subsample
 
         # Triplets are built from whole premise groups, so sub-sampling applies to the triplets.
@@ -112,7 +111,7 @@ def load_similarity_data(recipe: Recipe, data_dir: Optional[Path]):
 
 def make_similarity_eval(table, tokenizer, max_length: int, batch_size: int, pad_id: int):
     """``evaluate(model)``: Spearman/Pearson of embedding cosines against the gold scores."""
-    from finetune_cli.metrics.similarity import cosine_scores, correlations
+    from finetune_cli.metrics.similarity import correlations, cosine_scores
 
     enc = encode_table(table, tokenizer, max_length, TEXT_COLUMNS, joint=False)
 

@@ -11,8 +11,13 @@ from finetune_cli.data.encode import encode_table
 from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine.inference import forward_all
 from finetune_cli.errors import DataError
-from finetune_cli.metrics.similarity import (alignment, correlations, cosine_scores, positive_threshold,
-                                             uniformity)
+from finetune_cli.metrics.similarity import (
+    alignment,
+    correlations,
+    cosine_scores,
+    positive_threshold,
+    uniformity,
+)
 from finetune_cli.models.loading import load_text_model, read_head_spec, resolve_model
 from finetune_cli.pipelines.common import load_similarity_data, objective_class
 from finetune_cli.pipelines.evaluate import EvalResult, pick_device
@@ -40,7 +45,7 @@ def similarity_metrics(a: np.ndarray, b: np.ndarray, gold: np.ndarray, texts_a: 
     if pos.any():
         m["alignment"] = alignment(a[pos], b[pos])
     first: dict[str, np.ndarray] = {}
-    for t, e in zip(texts_a + texts_b, np.concatenate([a, b])):
+    for t, e in zip(texts_a + texts_b, np.concatenate([a, b]), strict=True):
         first.setdefault(t, e)
     if len(first) > 1:
         m["uniformity"] = uniformity(np.stack(list(first.values())))
