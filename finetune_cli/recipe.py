@@ -48,6 +48,7 @@ class ModelConfig:
     max_length: int = _f(128, gt=0, le=8192)
     classifier_dropout: Optional[float] = _f(None, ge=0.0, lt=1.0, help="dropout before the head; None = the encoder's hidden dropout")
     revision: Optional[str] = _f(None, help="hub revision (branch, tag or commit)")
+    dropout: Optional[float] = _f(None, ge=0.0, lt=1.0, help="encoder dropout (hidden and attention); None = the encoder's own config")
     projection: Optional[bool] = _f(None, help="add the projection MLP (SimCSE's cls+MLP, used for the loss only); default: the objective's needs_projection")
 
 

@@ -116,6 +116,10 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
         rev = None if is_local else recipe.model.revision
         tokenizer = load_tokenizer(path, rev)
         encoder = load_encoder(path, rev)
+        if recipe.model.dropout is not None:
+            from finetune_cli.models.text_model import set_encoder_dropout
+
+            set_encoder_dropout(encoder, recipe.model.dropout)
         spec = head_spec(recipe, cls, data.num_labels, float(getattr(encoder.config, "hidden_dropout_prob", 0.1)))
         # Seed before the heads are initialised so that a seed fully determines a run.
         from finetune_cli.engine.trainer import seed_everything

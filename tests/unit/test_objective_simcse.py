@@ -122,6 +122,18 @@ def test_doubled_batch_views_differ_with_dropout_and_match_without(tiny_model_di
     assert loss.item() == pytest.approx(simcse_loss(e, e, 0.05).item(), rel=1e-5)
 
 
+def test_encoder_dropout_zero_makes_training_views_identical(tiny_model_dir):
+    from finetune_cli.models.text_model import set_encoder_dropout
+    from finetune_cli.objectives.simcse import _double
+
+    model, tok = _tiny(tiny_model_dir)
+    set_encoder_dropout(model.encoder, 0.0)
+    model.train()
+    z = model(_double(dict(tok(["a first sentence .", "another"], padding=True, return_tensors="pt")))).embeddings
+    assert torch.allclose(z[:2], z[2:], atol=1e-6)
+    assert model.encoder.config.hidden_dropout_prob == 0.0
+
+
 def test_objectives_train_with_gradient(tiny_model_dir):
     model, tok = _tiny(tiny_model_dir, pooling="cls", projection=True)
     model.train()
