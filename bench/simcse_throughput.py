@@ -91,10 +91,12 @@ def bench_embed(texts: list[str], device: str) -> tuple[float, float, float]:
     model.to(device)
     st = SentenceTransformer(str(embedded_model_path()), device=device)
     st.max_seq_length = 128
+    # the packaged model's own sentence-transformers config ends in Normalize(), so compare with
+    # `finetune embed --normalize` (same work plus the normalisation)
     embed_texts(model, tok, texts[:128], batch_size=BATCH, device=torch.device(device))  # warm-up
     st.encode(texts[:128], batch_size=BATCH)
     t0 = time.perf_counter()
-    a = embed_texts(model, tok, texts, batch_size=BATCH, max_length=128, device=torch.device(device))
+    a = embed_texts(model, tok, texts, batch_size=BATCH, max_length=128, normalize=True, device=torch.device(device))
     t_ours = time.perf_counter() - t0
     t0 = time.perf_counter()
     b = st.encode(texts, batch_size=BATCH, convert_to_numpy=True)
@@ -107,21 +109,24 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1280, help="training sentences (n/64 steps)")
     ap.add_argument("--embed-n", type=int, default=4096)
+    ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args()
     torch.manual_seed(0)
     texts = sentences(max(a.n, a.embed_n))
     res = {"device": a.device, "batch": BATCH, "max_length": MAXLEN, "train_sentences": a.n}
-    with tempfile.TemporaryDirectory() as d:
-        res["st_train_sents_per_s"] = round(bench_st_train(texts[: a.n], a.device, Path(d)), 2)
-        res["finetune_train_sents_per_s"] = round(bench_finetune_train(texts[: a.n], a.device, Path(d)), 2)
-    res["train_ratio"] = round(res["finetune_train_sents_per_s"] / res["st_train_sents_per_s"], 3)
+    if not a.skip_train:
+        with tempfile.TemporaryDirectory() as d:
+            res["st_train_sents_per_s"] = round(bench_st_train(texts[: a.n], a.device, Path(d)), 2)
+            res["finetune_train_sents_per_s"] = round(bench_finetune_train(texts[: a.n], a.device, Path(d)), 2)
+        res["train_ratio"] = round(res["finetune_train_sents_per_s"] / res["st_train_sents_per_s"], 3)
     ours, st, diff = bench_embed(texts[: a.embed_n], a.device)
     res.update({"embed_sentences": a.embed_n, "finetune_embed_sents_per_s": round(ours, 1),
                 "st_encode_sents_per_s": round(st, 1), "embed_ratio": round(ours / st, 3),
                 "embed_max_abs_diff": diff})
     print(json.dumps(res, indent=2))
-    print(f"train: finetune {res['train_ratio']:.2f}x sentence-transformers MNRL (target >= 1.0x)")
+    if "train_ratio" in res:
+        print(f"train: finetune {res['train_ratio']:.2f}x sentence-transformers MNRL (target >= 1.0x)")
     print(f"embed: finetune {res['embed_ratio']:.2f}x SentenceTransformer.encode (target >= 1.1x)")
 
 
