@@ -48,6 +48,8 @@ class ModelConfig:
     max_length: int = _f(128, gt=0, le=8192)
     classifier_dropout: Optional[float] = _f(None, ge=0.0, lt=1.0, help="dropout before the head; None = the encoder's hidden dropout")
     revision: Optional[str] = _f(None, help="hub revision (branch, tag or commit)")
+    dropout: Optional[float] = _f(None, ge=0.0, lt=1.0, help="encoder dropout (hidden and attention); None = the encoder's own config")
+    projection: Optional[bool] = _f(None, help="add the projection MLP (SimCSE's cls+MLP, used for the loss only); default: the objective's needs_projection")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class ColumnMap:
     text: Union[str, int] = "text"
     text_pair: Optional[Union[str, int]] = None
     label: Optional[Union[str, int]] = "label"
+    hard_neg: Optional[Union[str, int]] = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class DataConfig:
     max_eval_samples: Optional[int] = _f(None, gt=0)
     seed: Optional[int] = _f(None, help="seed for sampling the data; default: train.seed")
     group_by_length: bool = True
+    eval_columns: Optional[ColumnMap] = _f(None, help="column map of the evaluation file when it differs from `columns` (e.g. STS pairs for SimCSE)")
+    nli_triplets: bool = _f(False, help="build (anchor, positive, hard_neg) triplets from NLI rows (text=premise, text_pair=hypothesis, label)")
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,19 @@ def eval_cmd(
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Evaluate a model: accuracy, macro-F1, MCC, per-class scores, confusion matrix, calibration
-    (ECE/MCE) and reliability / t-SNE figures on the recipe's evaluation data."""
+    """Evaluate a model. Classification: accuracy, macro-F1, MCC, per-class scores, confusion matrix,
+    calibration (ECE/MCE) and reliability / t-SNE figures. Embedding model: Spearman/Pearson of cosines
+    against gold pair scores, alignment and uniformity."""
     from finetune_cli.pipelines.evaluate import eval_recipe, run_eval
 
     r = eval_recipe(model, recipe, overrides or [])
     ui = UI(quiet=quiet)
+    from finetune_cli.pipelines.similarity import run_eval_similarity, wants_similarity
+
+    if wants_similarity(model, r):  # embedding model: STS metrics
+        res = run_eval_similarity(model, r, ui, device=device, data_dir=data_dir, batch_size=batch_size)
+        _render_similarity(res, ui, json_out)
+        return
     res = run_eval(model, r, ui, device=device, data_dir=data_dir, batch_size=batch_size, bins=bins,
                    figures=not no_figures, out=out, tsne_max=tsne_max)
     if json_out:
@@ -54,3 +61,17 @@ def eval_cmd(
         from finetune_cli.cli.eval_render import render_classification
 
         render_classification(ui, res)
+
+
+def _render_similarity(res, ui: UI, json_out: bool) -> None:
+    if json_out:
+        emit_json(res.to_dict())
+        return
+    from rich.table import Table
+
+    t = Table(title=f"{res.model} on {res.data} ({res.examples} examples)")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k, v in res.metrics.items():
+        t.add_row(k, f"{v:.4f}")
+    ui.print(t)

@@ -140,9 +140,30 @@ def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Option
     return model, tokenizer, path
 
 
+def write_sentence_transformers_config(out: Path, pooling: str, dim: int, max_length: Optional[int]) -> None:
+    """``modules.json`` + ``1_Pooling/config.json`` so ``SentenceTransformer(out)`` embeds exactly as
+    ``finetune embed`` does (encoder -> pooling, no projection MLP, no normalisation)."""
+    modes = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
+    if pooling not in modes:  # `pooler` (BERT's tanh layer) has no sentence-transformers equivalent
+        return
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    cfg = {"word_embedding_dimension": dim, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False,
+           "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
+           "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": False, "include_prompt": True}
+    cfg[modes[pooling]] = True
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    (out / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
+    (out / "sentence_bert_config.json").write_text(json.dumps(
+        {"max_seq_length": max_length or 512, "do_lower_case": False}, indent=2) + "\n")
+
+
 def save_text_model(model: TextModel, tokenizer, out_dir: str | Path,
-                    id2label: Optional[dict[int, str]] = None, extra: Optional[dict] = None) -> None:
-    """Write ``model`` as a Hugging Face folder plus the finetune head files."""
+                    id2label: Optional[dict[int, str]] = None, extra: Optional[dict] = None,
+                    max_length: Optional[int] = None) -> None:
+    """Write ``model`` as a Hugging Face folder plus the finetune head files. A model without a
+    classifier (an embedding model) also gets the sentence-transformers files."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     enc = model.encoder
@@ -160,6 +181,8 @@ def save_text_model(model: TextModel, tokenizer, out_dir: str | Path,
     if extra:
         spec.update(extra)
     (out / HEAD_SPEC).write_text(json.dumps(spec, indent=2) + "\n")
+    if model.classifier is None:
+        write_sentence_transformers_config(out, model.spec.pooling, enc.config.hidden_size, max_length)
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -63,6 +63,17 @@ class ProjectionHead(nn.Module):
         return self.act(self.dense(x))
 
 
+def set_encoder_dropout(encoder: nn.Module, p: float) -> None:
+    """Set every dropout of the encoder to ``p`` and record it in its config (so a saved and
+    reloaded encoder keeps it). SimCSE's dropout ablation uses p=0."""
+    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
+        if hasattr(encoder.config, name):
+            setattr(encoder.config, name, p)
+    for m in encoder.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = p
+
+
 @dataclass
 class ModelOutput:
     embeddings: torch.Tensor

@@ -20,6 +20,9 @@ The data contract is declared as class attributes, read by the pipelines and the
 * ``encoding``: ``"joint"`` (text and text_pair in one sequence, the cross-encoder) or
   ``"separate"`` (each text column encoded on its own, for bi-encoders)
 * ``parts``: names of the loss components returned besides ``loss``
+* ``evaluation``: how the pipeline evaluates during training, a key of
+  ``pipelines.common.EVALUATORS`` (``"classifier"``: the head's logits on labelled data;
+  ``"similarity"``: Spearman of embedding cosines against gold pair scores)
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Objective(nn.Module):
     sampler: ClassVar[str] = "length_grouped"
     encoding: ClassVar[str] = "joint"
     parts: ClassVar[tuple[str, ...]] = ()
+    evaluation: ClassVar[str] = "classifier"
 
     def forward(self, model: nn.Module, batch: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover
         raise NotImplementedError

@@ -3,6 +3,8 @@ evaluation functions."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -40,15 +42,31 @@ def head_spec(recipe: Recipe, cls, num_labels: int, encoder_dropout: float) -> H
         num_labels=num_labels if cls.needs_classifier else 0,
         classifier_dropout=encoder_dropout if dropout is None else dropout,
         spectral_norm=cls.spectral_norm_head,
-        projection=cls.needs_projection,
+        projection=cls.needs_projection if recipe.model.projection is None else recipe.model.projection,
         problem_type="regression" if cls.label_type == "float" else "single_label_classification",
     )
 
 
 def load_data(recipe: Recipe, cls, data_dir: Optional[Path], need_train: bool = True,
               need_eval: bool = False) -> TaskData:
-    return load_task_data(recipe.data, seed=recipe.train.seed, label_type=cls.label_type,
-                          required_columns=tuple(cls.required_columns), data_dir=data_dir,
+    cfg = recipe.data
+    if EVALUATORS[cls.evaluation].own_data:  # the evaluator reads data.eval with its own columns
+        cfg = dataclasses.replace(cfg, eval=None)
+    required = tuple(cls.required_columns)
+    if cfg.nli_triplets:
+        from finetune_cli.data.nli import nli_triplets
+        from finetune_cli.data.tasks import subsample
+
+        # Triplets are built from whole premise groups, so sub-sampling applies to the triplets.
+        raw = load_task_data(dataclasses.replace(cfg, max_train_samples=None), seed=recipe.train.seed,
+                             label_type=None, required_columns=("text", "text_pair", "label"),
+                             data_dir=data_dir, need_train=need_train, need_eval=False)
+        train = nli_triplets(raw.train) if raw.train is not None else None
+        if train is not None and cfg.max_train_samples:
+            train = subsample(train, cfg.max_train_samples, cfg.seed if cfg.seed is not None else recipe.train.seed)
+        return TaskData(train, None, None, None)
+    return load_task_data(cfg, seed=recipe.train.seed, label_type=cls.label_type,
+                          required_columns=required, data_dir=data_dir,
                           need_train=need_train, need_eval=need_eval, min_classes=cls.min_classes if
                           cls.label_type == "class" else 1)
 
@@ -76,6 +94,65 @@ def make_classifier_eval(data: EncodedData, label_type: Optional[str], batch_siz
         return evaluate_logits(label_type, logits, data.labels)
 
     return evaluate
+
+
+def load_similarity_data(recipe: Recipe, data_dir: Optional[Path]):
+    """The sentence-pair evaluation set (``text``, ``text_pair``, float gold ``label``) named by
+    ``data.eval`` (or ``data.dataset``'s eval split), read with ``data.eval_columns``."""
+    d = recipe.data
+    cfg = dataclasses.replace(d, train=None, columns=d.eval_columns or d.columns, few_shot=None,
+                              max_train_samples=None, nli_triplets=False)
+    if cfg.eval is None and cfg.dataset is None:
+        return None
+    return load_task_data(cfg, seed=recipe.train.seed, label_type="float",
+                          required_columns=("text", "text_pair", "label"), data_dir=data_dir,
+                          need_train=False, need_eval=True).eval
+
+
+def make_similarity_eval(table, tokenizer, max_length: int, batch_size: int, pad_id: int):
+    """``evaluate(model)``: Spearman/Pearson of embedding cosines against the gold scores."""
+    from finetune_cli.metrics.similarity import correlations, cosine_scores
+
+    enc = encode_table(table, tokenizer, max_length, TEXT_COLUMNS, joint=False)
+
+    def evaluate(model) -> dict[str, float]:
+        a = forward_all(model, enc, batch_size, pad_id, view=0, want=("embeddings",))["embeddings"]
+        b = forward_all(model, enc, batch_size, pad_id, view=1, want=("embeddings",))["embeddings"]
+        return correlations(cosine_scores(a, b), enc.labels)
+
+    return evaluate
+
+
+def _classifier_evaluator(recipe: Recipe, cls, data: TaskData, tokenizer, pad_id: int, data_dir):
+    if data.eval is None or not cls.needs_classifier or cls.label_type is None:
+        return None
+    return make_classifier_eval(encode(recipe, cls, data.eval, tokenizer), cls.label_type,
+                                recipe.train.eval_batch_size, pad_id)
+
+
+def _similarity_evaluator(recipe: Recipe, cls, data: TaskData, tokenizer, pad_id: int, data_dir):
+    table = load_similarity_data(recipe, data_dir)
+    if table is None:
+        return None
+    return make_similarity_eval(table, tokenizer, recipe.model.max_length, recipe.train.eval_batch_size, pad_id)
+
+
+@dataclass(frozen=True)
+class Evaluator:
+    """How training is evaluated, chosen by the objective's ``evaluation`` attribute.
+
+    ``build(recipe, cls, data, tokenizer, pad_id, data_dir) -> evaluate(model) | None``;
+    ``own_data``: it reads ``data.eval`` itself, so the objective's contract does not apply to it.
+    """
+
+    build: Callable[..., Optional[Callable[[Any], dict[str, float]]]]
+    own_data: bool = False
+
+
+EVALUATORS: dict[str, Evaluator] = {
+    "classifier": Evaluator(_classifier_evaluator),
+    "similarity": Evaluator(_similarity_evaluator, own_data=True),
+}
 
 
 @dataclass

@@ -22,8 +22,7 @@ from finetune_cli.engine import Interrupted, Trainer, list_checkpoints
 from finetune_cli.errors import RunDirError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text
 from finetune_cli.models.loading import load_text_model, save_text_model
-from finetune_cli.pipelines.common import (encode, head_spec, load_data, make_classifier_eval,
-                                           objective_class)
+from finetune_cli.pipelines.common import EVALUATORS, encode, head_spec, load_data, objective_class
 from finetune_cli.recipe import Recipe, RecipeError, build_recipe
 from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.objectives import registry
@@ -119,6 +118,10 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
         rev = None if is_local else recipe.model.revision
         tokenizer = load_tokenizer(path, rev)
         encoder = load_encoder(path, rev)
+        if recipe.model.dropout is not None:
+            from finetune_cli.models.text_model import set_encoder_dropout
+
+            set_encoder_dropout(encoder, recipe.model.dropout)
         spec = head_spec(recipe, cls, data.num_labels, float(getattr(encoder.config, "hidden_dropout_prob", 0.1)))
         # Seed before the heads are initialised so that a seed fully determines a run.
         from finetune_cli.engine.trainer import seed_everything
@@ -129,10 +132,7 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     t0 = time.perf_counter()
     train_enc = encode(recipe, cls, data.train, tokenizer)
-    eval_fn = None
-    if data.eval is not None and cls.needs_classifier and cls.label_type is not None:
-        eval_enc = encode(recipe, cls, data.eval, tokenizer)
-        eval_fn = make_classifier_eval(eval_enc, cls.label_type, recipe.train.eval_batch_size, pad_id)
+    eval_fn = EVALUATORS[cls.evaluation].build(recipe, cls, data, tokenizer, pad_id, data_dir_from_env(data_dir))
     ui.log(f"tokenised in {time.perf_counter() - t0:.1f}s (max_length {recipe.model.max_length})")
 
     objective = registry.build(recipe.objective.name, recipe.objective.params)
@@ -140,7 +140,7 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
     meta = {"objective": recipe.objective.name, "label_type": cls.label_type}
 
     def save_model(m, out: Path) -> None:
-        save_text_model(m, tokenizer, out, id2label=id2label, extra=meta)
+        save_text_model(m, tokenizer, out, id2label=id2label, extra=meta, max_length=recipe.model.max_length)
 
     sampler = cls.sampler
     if not recipe.data.group_by_length:

@@ -1,0 +1,35 @@
+"""``finetune embed``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from finetune_cli.cli.common import DeviceOpt, JsonOpt, QuietOpt, emit_json, handle_errors
+from finetune_cli.ui import UI
+
+
+@handle_errors
+def embed_cmd(
+    model: Annotated[str, typer.Argument(help="Run directory, model folder, `embedded`, or hub id.")],
+    input: Annotated[str, typer.Argument(help="Sentences: a .txt file (one per line) or a csv/tsv/jsonl/parquet file.")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Output .npy (+ .ids.npy with row ids) or .parquet.")],
+    column: Annotated[Optional[str], typer.Option("--column", "-c", help="Column to embed (name or 0-based index; default: text).")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 64,
+    max_length: Annotated[int, typer.Option("--max-length", min=1)] = 128,
+    normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="L2-normalise the embeddings.")] = False,
+    device: DeviceOpt = "auto",
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Embed sentences with a model's pooled output (batched, longest first)."""
+    from finetune_cli.pipelines.embed import run_embed
+
+    ui = UI(quiet=quiet)
+    res = run_embed(model, input, output, ui, column=column, batch_size=batch_size, max_length=max_length,
+                    normalize=normalize, device=device)
+    if json_out:
+        emit_json(res.to_dict())
+    elif not quiet:
+        ui.print(f"wrote {res.output} ({res.sentences} x {res.dim})" + (f" and {res.ids_file}" if res.ids_file else ""))

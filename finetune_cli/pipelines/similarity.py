@@ -1,0 +1,72 @@
+"""``finetune eval`` of an embedding model on sentence pairs with gold scores: Spearman and
+Pearson of the cosine similarities, plus alignment and uniformity (Wang & Isola 2020)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from finetune_cli.data.encode import encode_table
+from finetune_cli.data.tasks import data_dir_from_env
+from finetune_cli.engine.inference import forward_all
+from finetune_cli.errors import DataError
+from finetune_cli.metrics.similarity import (
+    alignment,
+    correlations,
+    cosine_scores,
+    positive_threshold,
+    uniformity,
+)
+from finetune_cli.models.loading import load_text_model, read_head_spec, resolve_model
+from finetune_cli.pipelines.common import load_similarity_data, objective_class
+from finetune_cli.pipelines.evaluate import EvalResult, pick_device
+from finetune_cli.recipe import Recipe
+
+
+def wants_similarity(model_name: str, recipe: Recipe) -> bool:
+    """Similarity evaluation when the recipe's objective evaluates that way, or when the model
+    has no classification head (a sentence-embedding model)."""
+    if objective_class(recipe).evaluation == "similarity":
+        return True
+    path, is_local = resolve_model(model_name)
+    if not is_local:
+        return False
+    spec = read_head_spec(path)
+    return spec is None or spec.num_labels == 0
+
+
+def similarity_metrics(a: np.ndarray, b: np.ndarray, gold: np.ndarray, texts_a: list[str],
+                       texts_b: list[str]) -> dict[str, float]:
+    """Correlations on all pairs; alignment on pairs with gold ≥ 4/5 of the scale; uniformity on
+    every distinct sentence."""
+    m = correlations(cosine_scores(a, b), gold)
+    pos = gold >= positive_threshold(gold)
+    if pos.any():
+        m["alignment"] = alignment(a[pos], b[pos])
+    first: dict[str, np.ndarray] = {}
+    for t, e in zip(texts_a + texts_b, np.concatenate([a, b]), strict=True):
+        first.setdefault(t, e)
+    if len(first) > 1:
+        m["uniformity"] = uniformity(np.stack(list(first.values())))
+    m["positive_pairs"] = float(pos.sum())
+    return m
+
+
+def run_eval_similarity(model_name: str, recipe: Recipe, ui, *, device: str = "auto",
+                        data_dir: Optional[str] = None, batch_size: Optional[int] = None) -> EvalResult:
+    table = load_similarity_data(recipe, data_dir_from_env(data_dir))
+    if table is None:
+        raise DataError("no similarity data: set data.eval=FILE (text, text_pair and a gold score label)")
+    model, tokenizer, path = load_text_model(model_name)
+    enc = encode_table(table, tokenizer, recipe.model.max_length, ("text", "text_pair"), joint=False)
+    dev = pick_device(device)
+    model.to(dev)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    bs = batch_size or recipe.train.eval_batch_size
+    with ui.progress(len(enc), "embed", transient=True) as prog:
+        a = forward_all(model, enc, bs, pad, dev, view=0, want=("embeddings",), progress=prog)["embeddings"]
+        b = forward_all(model, enc, bs, pad, dev, view=1, want=("embeddings",))["embeddings"]
+    metrics = similarity_metrics(a, b, np.asarray(enc.labels, dtype=np.float64),
+                                 [str(x) for x in table.columns["text"]], [str(x) for x in table.columns["text_pair"]])
+    return EvalResult(model=path, data=table.source, examples=len(enc), metrics=metrics)
