@@ -152,11 +152,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         train_file = tmp / "train.tsv"
-        train_file.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in zip(sents, labels)))
+        train_file.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in zip(sents, labels, strict=False)))
         dev_file = None
         if source == "SST-2":
             dev_file = tmp / "dev.tsv"
-            dev_file.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in zip(dev, dev_labels)))
+            dev_file.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in zip(dev, dev_labels, strict=False)))
         if args.device != "cpu":
             # CUDA context, cuBLAS handles and kernel selection cost seconds once per process; pay
             # them before any runner is timed, so the first runner is not charged for them.
@@ -164,7 +164,7 @@ def main() -> None:
             warm = tmp / "warm"
             warm.mkdir()
             (warm / "train.tsv").write_text("sentence\tlabel\n" + "".join(
-                f"{s}\t{y}\n" for s, y in zip(sents[:512], labels[:512])))
+                f"{s}\t{y}\n" for s, y in zip(sents[:512], labels[:512], strict=False)))
             run_finetune(warm, warm / "train.tsv", None, args.device, 512)
         results = {
             "finetune": run_finetune(tmp, train_file, dev_file, args.device, args.n),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from typing import Annotated, Any, Callable, Optional
+from collections.abc import Callable
+from typing import Annotated, Any, Optional
 
 import typer
 

@@ -6,7 +6,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from finetune_cli.cli.common import DataDirOpt, DeviceOpt, JsonOpt, Overrides, QuietOpt, emit_json, handle_errors
+from finetune_cli.cli.common import (
+    DataDirOpt,
+    DeviceOpt,
+    JsonOpt,
+    Overrides,
+    QuietOpt,
+    emit_json,
+    handle_errors,
+)
 from finetune_cli.ui import UI
 
 

@@ -6,8 +6,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from finetune_cli.cli.common import (DataDirOpt, DeviceOpt, JsonOpt, Overrides, QuietOpt, RecipeOpt, emit_json,
-                                     handle_errors)
+from finetune_cli.cli.common import (
+    DataDirOpt,
+    DeviceOpt,
+    JsonOpt,
+    Overrides,
+    QuietOpt,
+    RecipeOpt,
+    emit_json,
+    handle_errors,
+)
 from finetune_cli.recipe import load_recipe
 from finetune_cli.ui import UI
 

@@ -343,7 +343,7 @@ class Trainer:
                                     parts_sum[k] = parts_sum[k] + v if k in parts_sum else v
                             n_samples += len(idx)
                         keys = list(parts_sum)
-                        host = dict(zip(keys, torch.stack([parts_sum[k] for k in keys]).tolist()))
+                        host = dict(zip(keys, torch.stack([parts_sum[k] for k in keys]).tolist(), strict=False))
                         if not math.isfinite(host["loss"]):
                             good = list_checkpoints(self.run_dir)
                             raise TrainingError(

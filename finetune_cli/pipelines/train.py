@@ -18,14 +18,14 @@ from typing import Any, Optional
 
 import yaml
 
+from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine import Interrupted, Trainer, list_checkpoints
 from finetune_cli.errors import RunDirError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text
 from finetune_cli.models.loading import load_text_model, save_text_model
+from finetune_cli.objectives import registry
 from finetune_cli.pipelines.common import EVALUATORS, encode, head_spec, load_data, objective_class
 from finetune_cli.recipe import Recipe, RecipeError, build_recipe
-from finetune_cli.data.tasks import data_dir_from_env
-from finetune_cli.objectives import registry
 
 
 @dataclass
