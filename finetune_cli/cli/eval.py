@@ -53,13 +53,7 @@ def eval_cmd(
     if json_out:
         emit_json(res.to_dict())
         return
-    from rich.table import Table
-
-    t = Table(title=f"{res.model} on {res.data} ({res.examples} examples)")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    for k, v in res.metrics.items():
-        t.add_row(k, f"{v:.4f}")
+    t = _metrics_table(res)
     if res.calibration is not None:
         for k in ("ece", "mce", "nll"):
             t.add_row(k + (f" ({res.calibration['n_bins']} bins)" if k != "nll" else ""),
@@ -71,10 +65,8 @@ def eval_cmd(
         render_classification(ui, res)
 
 
-def _render_similarity(res, ui: UI, json_out: bool) -> None:
-    if json_out:
-        emit_json(res.to_dict())
-        return
+def _metrics_table(res):
+    """The metric/value table both evaluation kinds start from."""
     from rich.table import Table
 
     t = Table(title=f"{res.model} on {res.data} ({res.examples} examples)")
@@ -82,4 +74,11 @@ def _render_similarity(res, ui: UI, json_out: bool) -> None:
     t.add_column("value", justify="right")
     for k, v in res.metrics.items():
         t.add_row(k, f"{v:.4f}")
-    ui.print(t)
+    return t
+
+
+def _render_similarity(res, ui: UI, json_out: bool) -> None:
+    if json_out:
+        emit_json(res.to_dict())
+        return
+    ui.print(_metrics_table(res))
