@@ -10,22 +10,13 @@ the processes (÷ world), which gives back exactly the single-process gradient.
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from tests.unit._gloo import WORLD, process_group, spawn
+
 pytestmark = pytest.mark.distributed
-
-WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _data(sizes):
@@ -44,26 +35,19 @@ def _scl_on(emb, labels):
     return supervised_contrastive_loss(gather_with_grad(z), gather_no_grad(labels), 0.3)
 
 
-def _worker(rank, port, sizes, out):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    try:
+def _worker(rank, store, sizes, out):
+    with process_group(rank, store):
         emb, labels = _data(sizes)
         start = sum(sizes[:rank])
         local = emb[start:start + sizes[rank]].clone().requires_grad_(True)
         loss = _scl_on(local, labels[start:start + sizes[rank]])
         loss.backward()
         torch.save({"loss": loss.detach(), "grad": local.grad}, f"{out}/rank{rank}.pt")
-        dist.barrier()  # neither process tears gloo down while the other still talks to it
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("sizes", [(4, 4), (3, 5)])  # unequal: the last batch, or packed groups
 def test_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path, sizes):
-    mp.start_processes(_worker, args=(_free_port(), sizes, str(tmp_path)), nprocs=WORLD, join=True,
-                       start_method="spawn")
+    spawn(_worker, tmp_path, sizes, str(tmp_path))
     emb, labels = _data(sizes)
     full = emb.clone().requires_grad_(True)
     ref = _scl_on(full, labels)  # not initialised here: the gathers are identities
@@ -95,13 +79,10 @@ class _StubModel(torch.nn.Module):
         return self._out(embeddings=self.w(features["x"]))
 
 
-def _core_worker(rank, port, sizes, out):
-    import torch.distributed as dist
-
+def _core_worker(rank, store, sizes, out):
     from finetune_cli.objectives import build
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    try:
+    with process_group(rank, store):
         emb, labels = _data(sizes)
         start = sum(sizes[:rank])
         sl = slice(start, start + sizes[rank])
@@ -110,17 +91,13 @@ def _core_worker(rank, port, sizes, out):
         res = build("core_tuning", {"eta": 1.0})(model, {"features": [{"x": emb[sl]}], "labels": labels[sl]})
         res["loss"].backward()
         torch.save({"con": res["con"], "grad": model.w.weight.grad}, f"{out}/rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def test_core_tuning_runs_on_two_processes_with_one_global_contrastive_term(tmp_path):
     """Mining, mixing and the contrastive term see the gathered batch: every process computes the
     same L_con (its mixing weights differ per process, so there is no single-process reference)."""
     sizes = (3, 5)
-    mp.start_processes(_core_worker, args=(_free_port(), sizes, str(tmp_path)), nprocs=WORLD, join=True,
-                       start_method="spawn")
+    spawn(_core_worker, tmp_path, sizes, str(tmp_path))
     got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     assert got[0]["con"].item() == pytest.approx(got[1]["con"].item(), rel=1e-12)
     assert all(torch.isfinite(g["grad"]).all() and g["grad"].abs().sum() > 0 for g in got)

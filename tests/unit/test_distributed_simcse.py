@@ -3,17 +3,14 @@ one process on the concatenated batch."""
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from finetune_cli.objectives.simcse import SimCSESup, SimCSEUnsup
+from tests.unit._gloo import WORLD as W
+from tests.unit._gloo import process_group, spawn
 
-N, D, W = 3, 5, 2
+N, D = 3, 5
 
 
 class _FakeModel(torch.nn.Module):
@@ -52,46 +49,28 @@ def _run(kind: str):
     return model, views
 
 
-def _worker(rank: int, port: int, kind: str, q):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=W)
-    try:
+def _worker(rank: int, store: str, kind: str, out: str):
+    with process_group(rank, store):
         model, views = _run(kind)
         local = [{k: v[rank * N:(rank + 1) * N] for k, v in f.items()} for f in views]
         loss = _objective(kind)(model, {"features": local})["loss"]
         loss.backward()
-        q.put((rank, loss.item(), model.table.grad.numpy().tolist()))  # plain data: the sender exits
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        torch.save({"loss": loss.detach(), "grad": model.table.grad}, f"{out}/rank{rank}.pt")
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("kind", ["unsup", "sup"])
-def test_two_processes_equal_one_process_on_concatenated_batch(kind):
+def test_two_processes_equal_one_process_on_concatenated_batch(kind, tmp_path):
     model, views = _run(kind)
     ref_loss = _objective(kind)(model, {"features": views})["loss"]
     ref_loss.backward()
     ref_grad = model.table.grad
 
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, kind, q)) for r in range(W)]
-    for p in procs:
-        p.start()
-    res = sorted(q.get(timeout=60) for _ in range(W))
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
+    spawn(_worker, tmp_path, kind, str(tmp_path))
+    res = [torch.load(tmp_path / f"rank{r}.pt") for r in range(W)]
     # every process computes the same global loss ...
-    for _, loss, _ in res:
-        assert loss == pytest.approx(ref_loss.item(), rel=1e-10)
+    for got in res:
+        assert got["loss"].item() == pytest.approx(ref_loss.item(), rel=1e-10)
     # ... and DDP's average of the per-process gradients is the one-process gradient
-    avg = sum(torch.tensor(g, dtype=torch.float64) for _, _, g in res) / W
+    avg = sum(got["grad"] for got in res) / W
     assert torch.allclose(avg, ref_grad, atol=1e-10)
