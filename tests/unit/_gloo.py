@@ -1,10 +1,11 @@
 """Two-process CPU (gloo) harness for the distributed objective tests.
 
 The process group meets through a ``FileStore`` in the test's temporary directory rather than a
-``tcp://`` store on a free port: a TCP store makes rank 0 host a libuv server thread, and tearing
-that thread down at process exit aborted rank 0 now and then on loaded CI machines ("terminate
-called without an active exception"); a free port picked in the parent can also be taken by
-another process before rank 0 binds it. A file store has neither a server thread nor a port.
+``tcp://`` store on a free port. A TCP store makes rank 0 host a libuv server thread; a CI run
+once lost rank 0 to SIGABRT at teardown ("terminate called without an active exception"), which
+points at that thread (it did not reproduce locally, so this is the likely cause, not a proven
+one). A free port picked in the parent can also be taken by another process before rank 0 binds
+it. A file store has neither a server thread nor a port.
 """
 
 from __future__ import annotations
