@@ -10,9 +10,11 @@ it. A file store has neither a server thread nor a port.
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -32,8 +34,24 @@ def process_group(rank: int, store: str):
         dist.destroy_process_group()
 
 
-def spawn(fn, tmp_path: Path, *args) -> None:
-    """Run ``fn(rank, store, *args)`` on WORLD processes; raises if any of them fails."""
+def spawn(fn, tmp_path: Path, *args, timeout: float = 120.0) -> list:
+    """Run ``fn(rank, store, out, *args)`` on WORLD processes and return what each saved with
+    :func:`save` into ``out``, in rank order. Raises if a process fails, or ``TimeoutError`` (after
+    killing them) if they have not finished within ``timeout`` seconds: a hung collective must fail
+    the test, not hang the suite."""
     store = tmp_path / "gloo.store"
     store.unlink(missing_ok=True)
-    mp.start_processes(fn, args=(str(store), *args), nprocs=WORLD, join=True, start_method="spawn")
+    ctx = mp.start_processes(fn, args=(str(store), str(tmp_path), *args), nprocs=WORLD, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
+        if time.monotonic() >= deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise TimeoutError(f"{fn.__name__}: {WORLD} gloo processes still running after {timeout:.0f} s")
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def save(rank: int, out: str, result: dict) -> None:
+    """What a worker hands back to :func:`spawn` (tensors; the process exits right after)."""
+    torch.save(result, f"{out}/rank{rank}.pt")

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.unit._gloo import WORLD, process_group, spawn
+from tests.unit._gloo import WORLD, process_group, save, spawn
 
 pytestmark = pytest.mark.distributed
 
@@ -35,26 +35,26 @@ def _scl_on(emb, labels):
     return supervised_contrastive_loss(gather_with_grad(z), gather_no_grad(labels), 0.3)
 
 
-def _worker(rank, store, sizes, out):
+def _worker(rank, store, out, sizes):
     with process_group(rank, store):
         emb, labels = _data(sizes)
         start = sum(sizes[:rank])
         local = emb[start:start + sizes[rank]].clone().requires_grad_(True)
         loss = _scl_on(local, labels[start:start + sizes[rank]])
         loss.backward()
-        torch.save({"loss": loss.detach(), "grad": local.grad}, f"{out}/rank{rank}.pt")
+        save(rank, out, {"loss": loss.detach(), "grad": local.grad})
 
 
 @pytest.mark.parametrize("sizes", [(4, 4), (3, 5)])  # unequal: the last batch, or packed groups
 def test_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path, sizes):
-    spawn(_worker, tmp_path, sizes, str(tmp_path))
+    results = spawn(_worker, tmp_path, sizes)
     emb, labels = _data(sizes)
     full = emb.clone().requires_grad_(True)
     ref = _scl_on(full, labels)  # not initialised here: the gathers are identities
     ref.backward()
     start = 0
     for rank in range(WORLD):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
+        got = results[rank]
         assert got["loss"].item() == pytest.approx(ref.item(), rel=1e-12)
         # DDP averages over WORLD processes: grad / WORLD must be the single-process gradient
         assert torch.allclose(got["grad"] / WORLD, full.grad[start:start + sizes[rank]], atol=1e-12)
@@ -79,7 +79,7 @@ class _StubModel(torch.nn.Module):
         return self._out(embeddings=self.w(features["x"]))
 
 
-def _core_worker(rank, store, sizes, out):
+def _core_worker(rank, store, out, sizes):
     from finetune_cli.objectives import build
 
     with process_group(rank, store):
@@ -90,14 +90,13 @@ def _core_worker(rank, store, sizes, out):
         torch.manual_seed(100 + rank)  # processes draw different mixing weights, as in training
         res = build("core_tuning", {"eta": 1.0})(model, {"features": [{"x": emb[sl]}], "labels": labels[sl]})
         res["loss"].backward()
-        torch.save({"con": res["con"], "grad": model.w.weight.grad}, f"{out}/rank{rank}.pt")
+        save(rank, out, {"con": res["con"], "grad": model.w.weight.grad})
 
 
 def test_core_tuning_runs_on_two_processes_with_one_global_contrastive_term(tmp_path):
     """Mining, mixing and the contrastive term see the gathered batch: every process computes the
     same L_con (its mixing weights differ per process, so there is no single-process reference)."""
     sizes = (3, 5)
-    spawn(_core_worker, tmp_path, sizes, str(tmp_path))
-    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    got = spawn(_core_worker, tmp_path, sizes)
     assert got[0]["con"].item() == pytest.approx(got[1]["con"].item(), rel=1e-12)
     assert all(torch.isfinite(g["grad"]).all() and g["grad"].abs().sum() > 0 for g in got)

@@ -8,7 +8,7 @@ import torch
 
 from finetune_cli.objectives.simcse import SimCSESup, SimCSEUnsup
 from tests.unit._gloo import WORLD as W
-from tests.unit._gloo import process_group, spawn
+from tests.unit._gloo import process_group, save, spawn
 
 N, D = 3, 5
 
@@ -49,13 +49,13 @@ def _run(kind: str):
     return model, views
 
 
-def _worker(rank: int, store: str, kind: str, out: str):
+def _worker(rank: int, store: str, out: str, kind: str):
     with process_group(rank, store):
         model, views = _run(kind)
         local = [{k: v[rank * N:(rank + 1) * N] for k, v in f.items()} for f in views]
         loss = _objective(kind)(model, {"features": local})["loss"]
         loss.backward()
-        torch.save({"loss": loss.detach(), "grad": model.table.grad}, f"{out}/rank{rank}.pt")
+        save(rank, out, {"loss": loss.detach(), "grad": model.table.grad})
 
 
 @pytest.mark.distributed
@@ -66,8 +66,7 @@ def test_two_processes_equal_one_process_on_concatenated_batch(kind, tmp_path):
     ref_loss.backward()
     ref_grad = model.table.grad
 
-    spawn(_worker, tmp_path, kind, str(tmp_path))
-    res = [torch.load(tmp_path / f"rank{r}.pt") for r in range(W)]
+    res = spawn(_worker, tmp_path, kind)
     # every process computes the same global loss ...
     for got in res:
         assert got["loss"].item() == pytest.approx(ref_loss.item(), rel=1e-10)
