@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv quickstart test test-all lint bench clean
+.PHONY: venv quickstart test test-fast lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,13 @@ quickstart: venv
 	$(BIN)/finetune train --recipe recipes/quickstart.yaml
 	$(BIN)/finetune eval runs/quickstart
 
+# Everything CI runs (unit, integration and slow tests).
 test: venv
 	$(BIN)/python -m pytest -q tests
+
+# The inner loop: unit tests only (tiny random models, seconds to a minute).
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not integration and not slow" tests
 
 lint: venv
 	$(BIN)/ruff check finetune_cli tests bench

@@ -43,8 +43,8 @@ def sentences(n: int) -> list[str]:
 
 
 def bench_finetune_train(texts: list[str], device: str, tmp: Path) -> float:
+    from finetune_cli.pipelines.recipes import load_recipe
     from finetune_cli.pipelines.train import run_train
-    from finetune_cli.recipe import load_recipe
     from finetune_cli.ui import UI
 
     f = tmp / "sents.txt"

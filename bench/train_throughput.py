@@ -57,8 +57,8 @@ def accuracy(model_dir_or_model, tok, sents, labels, device, hf=False) -> float:
 
 
 def run_finetune(tmp: Path, train_file: Path, dev_file: Path | None, device: str, n: int):
+    from finetune_cli.pipelines.recipes import load_recipe
     from finetune_cli.pipelines.train import run_train
-    from finetune_cli.recipe import load_recipe
     from finetune_cli.ui import UI
 
     ov = ["model.name=embedded", f"model.max_length={MAXLEN}", f"data.train={train_file}",

@@ -7,12 +7,20 @@ class FinetuneError(Exception):
     exit_code = 2
 
 
+class RecipeError(FinetuneError, ValueError):
+    """A recipe could not be read or validated. The message is one line, ready for the user."""
+
+
 class DataError(FinetuneError):
     """Missing file or column, empty or unlabeled data, unseen labels."""
 
 
 class ModelError(FinetuneError):
     """A model that cannot be found or loaded."""
+
+
+class DeviceError(FinetuneError):
+    """A ``--device`` this machine does not have, or a malformed one."""
 
 
 class RunDirError(FinetuneError):

@@ -23,14 +23,15 @@ from typing import Any, Optional, Union
 
 import yaml
 
+from finetune_cli.errors import RecipeError
+
 PACKAGED_RECIPES = Path(__file__).resolve().parent / "recipes"
 
+__all__ = ["RecipeError", "Recipe", "ProbeRecipe", "parse_recipe", "parse_probe_recipe", "build_recipe",
+           "build_probe_recipe", "apply_overrides", "resolve_recipe_path", "read_yaml"]
 
-class RecipeError(ValueError):
-    """A recipe could not be read or validated. The message is one line, ready for the user."""
 
-
-def _f(default: Any = dataclasses.MISSING, *, choices: Sequence[Any] | None = None, gt: float | None = None,
+def field_spec(default: Any = dataclasses.MISSING, *, choices: Sequence[Any] | None = None, gt: float | None = None,
        ge: float | None = None, le: float | None = None, lt: float | None = None, help: str = "",
        default_factory: Any = dataclasses.MISSING) -> Any:
     meta = {"choices": choices, "gt": gt, "ge": ge, "le": le, "lt": lt, "help": help}
@@ -43,13 +44,13 @@ def _f(default: Any = dataclasses.MISSING, *, choices: Sequence[Any] | None = No
 class ModelConfig:
     """Which encoder to fine-tune and how sentences become vectors."""
 
-    name: str = _f("embedded", help="`embedded` (packaged all-MiniLM-L6-v2), a local folder, a run directory or a hub id")
-    pooling: str = _f("mean", choices=("cls", "mean", "pooler"))
-    max_length: int = _f(128, gt=0, le=8192)
-    classifier_dropout: Optional[float] = _f(None, ge=0.0, lt=1.0, help="dropout before the head; None = the encoder's hidden dropout")
-    revision: Optional[str] = _f(None, help="hub revision (branch, tag or commit)")
-    dropout: Optional[float] = _f(None, ge=0.0, lt=1.0, help="encoder dropout (hidden and attention); None = the encoder's own config")
-    projection: Optional[bool] = _f(None, help="add the projection MLP (SimCSE's cls+MLP, used for the loss only); default: the objective's needs_projection")
+    name: str = field_spec("embedded", help="`embedded` (packaged all-MiniLM-L6-v2), a local folder, a run directory or a hub id")
+    pooling: str = field_spec("mean", choices=("cls", "mean", "pooler"))
+    max_length: int = field_spec(128, gt=0, le=8192)
+    classifier_dropout: Optional[float] = field_spec(None, ge=0.0, lt=1.0, help="dropout before the head; None = the encoder's hidden dropout")
+    revision: Optional[str] = field_spec(None, help="hub revision (branch, tag or commit)")
+    dropout: Optional[float] = field_spec(None, ge=0.0, lt=1.0, help="encoder dropout (hidden and attention); None = the encoder's own config")
+    projection: Optional[bool] = field_spec(None, help="add the projection MLP (SimCSE's cls+MLP, used for the loss only); default: the objective's needs_projection")
 
 
 @dataclass(frozen=True)
@@ -66,22 +67,22 @@ class ColumnMap:
 class DataConfig:
     """Where the data comes from and how much of it to use."""
 
-    dataset: Optional[str] = _f(None, help="hub dataset `name` or `name/config` (e.g. glue/sst2); a GLUE task is read from --data-dir when given")
-    train: Optional[str] = _f(None, help="local training file (csv, tsv, jsonl, parquet, txt)")
-    eval: Optional[str] = _f(None, help="local evaluation file")
+    dataset: Optional[str] = field_spec(None, help="hub dataset `name` or `name/config` (e.g. glue/sst2); a GLUE task is read from --data-dir when given")
+    train: Optional[str] = field_spec(None, help="local training file (csv, tsv, jsonl, parquet, txt)")
+    eval: Optional[str] = field_spec(None, help="local evaluation file")
     train_split: str = "train"
     eval_split: str = "validation"
-    format: str = _f("auto", choices=("auto", "csv", "tsv", "jsonl", "json", "parquet", "txt"))
-    header: str = _f("auto", choices=("auto", "yes", "no"))
-    columns: ColumnMap = _f(default_factory=ColumnMap)
-    label_names: Optional[list[str]] = _f(None, help="fix the label order (id i = label_names[i]); default: sorted labels of the training set")
-    few_shot: Optional[int] = _f(None, gt=0, help="keep N training examples per class (seeded)")
-    max_train_samples: Optional[int] = _f(None, gt=0)
-    max_eval_samples: Optional[int] = _f(None, gt=0)
-    seed: Optional[int] = _f(None, help="seed for sampling the data; default: train.seed")
+    format: str = field_spec("auto", choices=("auto", "csv", "tsv", "jsonl", "json", "parquet", "txt"))
+    header: str = field_spec("auto", choices=("auto", "yes", "no"))
+    columns: ColumnMap = field_spec(default_factory=ColumnMap)
+    label_names: Optional[list[str]] = field_spec(None, help="fix the label order (id i = label_names[i]); default: sorted labels of the training set")
+    few_shot: Optional[int] = field_spec(None, gt=0, help="keep N training examples per class (seeded)")
+    max_train_samples: Optional[int] = field_spec(None, gt=0)
+    max_eval_samples: Optional[int] = field_spec(None, gt=0)
+    seed: Optional[int] = field_spec(None, help="seed for sampling the data; default: train.seed")
     group_by_length: bool = True
-    eval_columns: Optional[ColumnMap] = _f(None, help="column map of the evaluation file when it differs from `columns` (e.g. STS pairs for SimCSE)")
-    nli_triplets: bool = _f(False, help="build (anchor, positive, hard_neg) triplets from NLI rows (text=premise, text_pair=hypothesis, label)")
+    eval_columns: Optional[ColumnMap] = field_spec(None, help="column map of the evaluation file when it differs from `columns` (e.g. STS pairs for SimCSE)")
+    nli_triplets: bool = field_spec(False, help="build (anchor, positive, hard_neg) triplets from NLI rows (text=premise, text_pair=hypothesis, label)")
 
 
 @dataclass(frozen=True)
@@ -96,31 +97,32 @@ class ObjectiveConfig:
 class TrainConfig:
     """The optimisation schedule, evaluation cadence and checkpointing."""
 
-    epochs: float = _f(3.0, gt=0)
-    max_steps: Optional[int] = _f(None, gt=0, help="stop after this many optimizer steps (overrides epochs)")
-    batch_size: int = _f(32, gt=0)
-    eval_batch_size: int = _f(128, gt=0)
-    lr: float = _f(2e-5, gt=0)
-    head_lr: Optional[float] = _f(None, gt=0, help="learning rate of the new head; default: lr")
-    weight_decay: float = _f(0.01, ge=0)
-    warmup_ratio: float = _f(0.06, ge=0, le=1)
-    grad_accum: int = _f(1, gt=0)
-    max_grad_norm: Optional[float] = _f(1.0, gt=0)
-    eval_every: Optional[int] = _f(None, gt=0, help="evaluate every N optimizer steps; default: once per epoch")
-    save_every: Optional[int] = _f(None, gt=0, help="checkpoint every N steps; default: at each evaluation")
-    keep_checkpoints: int = _f(2, ge=1)
-    early_stopping_patience: Optional[int] = _f(None, gt=0, help="stop after N evaluations without improvement")
-    metric: str = _f("accuracy", help="evaluation metric that picks the best checkpoint")
-    greater_is_better: Optional[bool] = _f(None, help="default: True unless the metric is a loss")
+    epochs: float = field_spec(3.0, gt=0)
+    max_steps: Optional[int] = field_spec(None, gt=0, help="stop after this many optimizer steps (overrides epochs)")
+    batch_size: int = field_spec(32, gt=0)
+    eval_batch_size: int = field_spec(128, gt=0)
+    lr: float = field_spec(2e-5, gt=0)
+    head_lr: Optional[float] = field_spec(None, gt=0, help="learning rate of the new head; default: lr")
+    weight_decay: float = field_spec(0.01, ge=0)
+    warmup_ratio: float = field_spec(0.06, ge=0, le=1)
+    grad_accum: int = field_spec(1, gt=0)
+    max_grad_norm: Optional[float] = field_spec(1.0, gt=0)
+    eval_every: Optional[int] = field_spec(None, gt=0, help="evaluate every N optimizer steps; default: once per epoch")
+    save_every: Optional[int] = field_spec(None, gt=0, help="checkpoint every N steps; default: at each evaluation")
+    keep_checkpoints: int = field_spec(2, ge=1)
+    early_stopping_patience: Optional[int] = field_spec(None, gt=0, help="stop after N evaluations without improvement")
+    metric: Optional[str] = field_spec(None, help="evaluation metric that picks the best checkpoint; default: the "
+                                                  "objective's first (accuracy, pearson or spearman)")
+    greater_is_better: Optional[bool] = field_spec(None, help="default: True unless the metric is a loss")
     seed: int = 42
-    precision: str = _f("auto", choices=("auto", "fp32", "bf16", "fp16"))
-    log_every: int = _f(10, gt=0)
+    precision: str = field_spec("auto", choices=("auto", "fp32", "bf16", "fp16"))
+    log_every: int = field_spec(10, gt=0)
 
 
 @dataclass(frozen=True)
 class OutputConfig:
     dir: str = "runs"
-    name: Optional[str] = _f(None, help="run name; default: the recipe file's stem")
+    name: Optional[str] = field_spec(None, help="run name; default: the recipe file's stem")
 
 
 @dataclass(frozen=True)
@@ -139,35 +141,40 @@ class Recipe:
         return Path(self.output.dir) / name
 
     def to_dict(self) -> dict[str, Any]:
-        return _to_plain(self)
+        return to_plain(self)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
 
-    def fingerprint(self) -> str:
-        """Hash of everything that changes what a run computes (output location excluded)."""
+    def fingerprint(self, ignore_seeds: bool = False) -> str:
+        """Hash of everything that changes what a run computes (output location excluded).
+        ``ignore_seeds``: the same for every seed of one recipe (``finetune report`` groups by it)."""
         d = self.to_dict()
         d.pop("output", None)
+        if ignore_seeds:
+            d["train"].pop("seed", None)
+            d["data"].pop("seed", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 # ---- plain <-> dataclass ---------------------------------------------------------------------
 
-def _to_plain(obj: Any) -> Any:
+def to_plain(obj: Any) -> Any:
     if isinstance(obj, ObjectiveConfig):
-        return {"name": obj.name, **{k: _to_plain(v) for k, v in obj.params.items()}}
+        return {"name": obj.name, **{k: to_plain(v) for k, v in obj.params.items()}}
     if dataclasses.is_dataclass(obj):
-        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)
                 if not f.metadata.get("internal")}
     if isinstance(obj, Mapping):
-        return {k: _to_plain(v) for k, v in obj.items()}
+        return {k: to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_to_plain(v) for v in obj]
+        return [to_plain(v) for v in obj]
     return obj
 
 
-def _closest(key: str, options: Sequence[str]) -> str:
-    m = difflib.get_close_matches(key, list(options), n=1, cutoff=0.5)
+def closest(key: str, options: Sequence[str]) -> str:
+    prefixed = [o for o in options if key and str(o).startswith(key)]
+    m = prefixed[:1] if len(prefixed) == 1 else difflib.get_close_matches(key, list(options), n=1, cutoff=0.5)
     return f"; did you mean `{m[0]}`?" if m else f"; valid keys: {', '.join(options)}"
 
 
@@ -175,7 +182,7 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp)).replace("typing.", "")
 
 
-def _coerce(value: Any, tp: Any, where: str, src: str) -> Any:
+def coerce(value: Any, tp: Any, where: str, src: str) -> Any:
     """Check ``value`` against the annotation ``tp``; ints are accepted where floats are expected."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
@@ -187,7 +194,7 @@ def _coerce(value: Any, tp: Any, where: str, src: str) -> Any:
             if a is type(None):
                 continue
             try:
-                return _coerce(value, a, where, src)
+                return coerce(value, a, where, src)
             except RecipeError as e:
                 errors.append(e)
         names = " or ".join(_type_name(a) for a in args if a is not type(None))
@@ -196,7 +203,7 @@ def _coerce(value: Any, tp: Any, where: str, src: str) -> Any:
         (inner,) = typing.get_args(tp) or (Any,)
         if not isinstance(value, (list, tuple)):
             raise RecipeError(f"`{where}` in {src} must be a list, got {value!r}")
-        return [_coerce(v, inner, f"{where}[{i}]", src) for i, v in enumerate(value)]
+        return [coerce(v, inner, f"{where}[{i}]", src) for i, v in enumerate(value)]
     if tp is Any:
         return value
     if tp is bool:
@@ -222,7 +229,7 @@ def _coerce(value: Any, tp: Any, where: str, src: str) -> Any:
             raise RecipeError(f"`{where}` in {src} must be a string, got {value!r}")
         return value
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value, where, src)
+        return build_section(tp, value, where, src)
     return value
 
 
@@ -239,7 +246,7 @@ def _check_range(value: Any, meta: Mapping[str, Any], where: str, src: str) -> N
             raise RecipeError(f"`{where}` in {src} must be {word} {bound}; got {value!r}")
 
 
-def _build(cls: type, data: Any, prefix: str, src: str) -> Any:
+def build_section(cls: type, data: Any, prefix: str, src: str) -> Any:
     if cls is ObjectiveConfig:
         return _build_objective(data, prefix, src)
     if data is None:
@@ -252,17 +259,18 @@ def _build(cls: type, data: Any, prefix: str, src: str) -> Any:
     for key, value in data.items():
         where = f"{prefix}.{key}" if prefix else str(key)
         if key not in fields:
-            raise RecipeError(f"unknown key `{where}` in {src}" + _closest(
+            raise RecipeError(f"unknown key `{where}` in {src}" + closest(
                 f"{prefix}.{key}" if prefix else str(key), [f"{prefix}.{k}" if prefix else k for k in fields]))
-        value = _coerce(value, hints[key], where, src)
+        value = coerce(value, hints[key], where, src)
         _check_range(value, fields[key].metadata, where, src)
         kwargs[key] = value
     return cls(**kwargs)
 
 
 def _build_objective(data: Any, prefix: str, src: str) -> ObjectiveConfig:
-    from finetune_cli.objectives import registry  # late: objectives import torch
-
+    """The objective's name and raw parameters. Checking them against the objective's constructor
+    needs the objective classes, which live above this layer: ``objectives.registry.validate_recipe``
+    does it (``pipelines.recipes.load_recipe`` = this parse + that check)."""
     if data is None:
         data = {}
     if isinstance(data, str):
@@ -271,8 +279,9 @@ def _build_objective(data: Any, prefix: str, src: str) -> ObjectiveConfig:
         raise RecipeError(f"`{prefix}` in {src} must be a mapping with a `name`, got {data!r}")
     data = dict(data)
     name = data.pop("name", "ce")
-    params = registry.validate_params(name, data, where=prefix, src=src)
-    return ObjectiveConfig(name=name, params=params)
+    if not isinstance(name, str):
+        raise RecipeError(f"`{prefix}.name` in {src} must be a string, got {name!r}")
+    return ObjectiveConfig(name=name, params=data)
 
 
 # ---- overrides --------------------------------------------------------------------------------
@@ -331,7 +340,7 @@ def resolve_recipe_path(recipe: str | Path) -> Path:
         if cand.is_file():
             return cand
     known = sorted(q.stem for q in PACKAGED_RECIPES.rglob("*.yaml"))
-    raise RecipeError(f"recipe file not found: {recipe}" + _closest(str(p.stem), known).replace("valid keys", "packaged recipes"))
+    raise RecipeError(f"recipe file not found: {recipe}" + closest(str(p.stem), known).replace("valid keys", "packaged recipes"))
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -355,24 +364,33 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 def build_recipe(data: Mapping[str, Any], source: str = "<recipe>") -> Recipe:
     """Validate a plain nested dict into a :class:`Recipe`."""
-    recipe = _build(Recipe, data, "", source)
+    recipe = build_section(Recipe, data, "", source)
     recipe = dataclasses.replace(recipe, source=source)
     _cross_checks(recipe)
     return recipe
 
 
-def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recipe:
-    """Read a YAML recipe (or start from defaults when ``path`` is None) and apply overrides."""
+def read_recipe_source(path: str | Path | None, overrides: Sequence[str] = ()) -> tuple[dict[str, Any], str]:
+    """The recipe's plain tree (YAML file or packaged name, or defaults when ``path`` is None) with
+    the overrides applied, and the name errors should use for it."""
     if path is None:
         data, src = {}, "<command line>"
     else:
-        p = resolve_recipe_path(path)
-        data, src = read_yaml(p), str(path)
-    data = apply_overrides(data, overrides)
-    if "probe" in data:  # a `finetune probe` recipe: validated by its own schema (same machinery)
-        from finetune_cli.pipelines.probe import build_probe_recipe
+        data, src = read_yaml(resolve_recipe_path(path)), str(path)
+    return apply_overrides(data, overrides), src
 
-        return build_probe_recipe(data, src)  # type: ignore[return-value]
+
+def is_probe_tree(data: Mapping[str, Any]) -> bool:
+    return "probe" in data
+
+
+def parse_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recipe:
+    """Read a training recipe and apply overrides; the schema is checked, the objective's own
+    parameters are not (see ``pipelines.recipes.load_recipe``)."""
+    data, src = read_recipe_source(path, overrides)
+    if is_probe_tree(data):
+        raise RecipeError(f"{src} is a probe recipe; run it with `finetune probe sequential` "
+                          f"(or generalization, retention)")
     return build_recipe(data, src)
 
 
@@ -382,3 +400,125 @@ def _cross_checks(r: Recipe) -> None:
         raise RecipeError(f"`data.dataset` and `data.train`/`data.eval` in {src} are exclusive; use one")
     if d.few_shot and d.max_train_samples:
         raise RecipeError(f"`data.few_shot` and `data.max_train_samples` in {src} are exclusive; use one")
+
+
+# ---- probe recipes ----------------------------------------------------------------------------
+# A *probe recipe* (``finetune probe``) is an ordinary recipe (model, objective, train, output)
+# plus a ``probe:`` section naming tasks; each stage of a probe run trains an ordinary recipe
+# built by :func:`probe_stage_recipe`.
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """Make a train/eval pair from one split (e.g. QNLI has only dev, QQP only a train slice)."""
+
+    source: Optional[str] = field_spec(None, choices=("train", "eval"), help="which split to cut in two; None = no cut")
+    eval_fraction: float = field_spec(0.2, gt=0.0, lt=1.0)
+    seed: Optional[int] = field_spec(None, help="default: the task's data.seed, then train.seed")
+
+
+@dataclass(frozen=True)
+class ProbeTask:
+    """One named task: where its data is, and how much of it the stages and probes use."""
+
+    data: DataConfig = field_spec(default_factory=DataConfig)
+    split: SplitConfig = field_spec(default_factory=SplitConfig, help="cut one split into train/eval (seeded)")
+    probe_train_samples: Optional[int] = field_spec(None, gt=0, help="fit the probe on at most N train examples")
+
+
+@dataclass(frozen=True)
+class ClassifierConfig:
+    """The linear probe: L2 logistic regression on standardised pooled features."""
+
+    C: float = field_spec(1.0, gt=0)
+    max_iter: int = field_spec(200, gt=0, help="fixed L-BFGS budget")
+    batch_size: int = field_spec(128, gt=0, help="feature-extraction batch size")
+
+
+@dataclass(frozen=True)
+class ProbeSection:
+    tasks: dict = field_spec(default_factory=dict, help="name -> task")
+    sequence: list[str] = field_spec(default_factory=list, help="sequential: the task order (default: all tasks)")
+    source: Optional[str] = field_spec(None, help="generalization: the task to fine-tune on")
+    targets: list[str] = field_spec(default_factory=list, help="generalization: tasks probed (default: the others)")
+    cycles: int = field_spec(2, gt=0, help="retention: passes over the sequence")
+    keep_checkpoints: bool = field_spec(False, help="keep a finished stage's checkpoint-*/ folders (only needed to resume a stage)")
+    classifier: ClassifierConfig = field_spec(default_factory=ClassifierConfig)
+
+
+@dataclass(frozen=True)
+class ProbeRecipe:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    probe: ProbeSection = field(default_factory=ProbeSection)
+    source: str = field(default="<defaults>", compare=False, metadata={"internal": True})
+
+    @property
+    def out_dir(self) -> Path:
+        name = self.output.name or (Path(self.source).stem if self.source.endswith((".yaml", ".yml")) else "probe")
+        return Path(self.output.dir) / name
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+
+
+def build_probe_recipe(data: Mapping[str, Any], source: str) -> ProbeRecipe:
+    """Validate a probe recipe with the recipe machinery (same errors, same suggestions)."""
+    probe = data.get("probe")
+    raw_tasks = probe.get("tasks") if isinstance(probe, Mapping) else None
+    probe_raw = {k: v for k, v in probe.items() if k != "tasks"} if isinstance(probe, Mapping) else probe
+    r = build_section(ProbeRecipe, {**data, "probe": probe_raw}, "", source)
+    if raw_tasks is None:
+        raw_tasks = {}
+    if not isinstance(raw_tasks, Mapping):
+        raise RecipeError(f"`probe.tasks` in {source} must be a mapping of task name -> task, got {raw_tasks!r}")
+    tasks = {}
+    for name, t in raw_tasks.items():
+        task = build_section(ProbeTask, t, f"probe.tasks.{name}", source)
+        d = task.data
+        if d.dataset is None and d.train is None and d.eval is None:
+            raise RecipeError(f"`probe.tasks.{name}.data` in {source} names no data (set dataset, or train/eval)")
+        if d.columns.label is None:
+            raise RecipeError(f"`probe.tasks.{name}` in {source} has no label column; probes need labelled data")
+        tasks[str(name)] = task
+    r = dataclasses.replace(r, probe=dataclasses.replace(r.probe, tasks=tasks), source=source)
+    for name in tasks:  # every stage recipe must validate too (same cross-checks as `finetune train`)
+        probe_stage_recipe(r, name, Path("."), r.model.name)
+    return r
+
+
+def parse_probe_recipe(path: str | Path, overrides: Sequence[str] = ()) -> ProbeRecipe:
+    """Read a probe recipe (schema checked; the objective's parameters as in :func:`parse_recipe`)."""
+    data, src = read_recipe_source(path, overrides)
+    if not is_probe_tree(data):
+        raise RecipeError(f"recipe {path} has no `probe:` section (see recipes/probe_sequential.yaml)")
+    if data.get("data") is not None:
+        raise RecipeError(f"`data` in {path}: a probe recipe names its data per task under `probe.tasks`")
+    data.pop("data", None)
+    return build_probe_recipe(data, src)
+
+
+def task_data_config(task_dir: Path, meta: Mapping[str, Any]) -> DataConfig:
+    """The data section of a stage that trains on a materialised probe task (``train.jsonl`` and
+    ``eval.jsonl`` in ``task_dir``; ``meta`` as written by ``data.probe_tasks``)."""
+    return DataConfig(train=str(task_dir / "train.jsonl"), eval=str(task_dir / "eval.jsonl"), format="jsonl",
+                      label_names=list(meta["labels"]),
+                      columns=dataclasses.replace(DataConfig().columns, text_pair="text_pair" if meta["pair"] else None))
+
+
+def probe_stage_recipe(r: ProbeRecipe, task: str, run_dir: Path, model_name: str,
+                       objective: Optional[ObjectiveConfig] = None, meta: Optional[Mapping[str, Any]] = None) -> Recipe:
+    """The ordinary training recipe for one stage (validated like any other recipe)."""
+    obj = objective or r.objective
+    if meta is None:  # validation only: the task's own data section
+        data = to_plain(r.probe.tasks[task].data)
+    else:
+        data = to_plain(task_data_config(Path(meta["dir"]), meta))
+    tree = {"model": {**to_plain(r.model), "name": model_name}, "data": data,
+            "objective": {"name": obj.name, **obj.params}, "train": to_plain(r.train),
+            "output": {"dir": str(run_dir.parent), "name": run_dir.name}}
+    return build_recipe(tree, f"{r.source} (stage {task})")

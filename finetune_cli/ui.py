@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from typing import Any, Optional
 
 from rich.console import Console
@@ -84,10 +83,3 @@ class ProgressHandle:
         if self._bar is not None:
             self._bar.__exit__(*exc)
 
-
-def fmt_rate(n: float, seconds: float) -> str:
-    return f"{n / seconds:.1f}" if seconds > 0 else "-"
-
-
-def now() -> float:
-    return time.perf_counter()

@@ -65,8 +65,9 @@ def augment(
     Rerunning an interrupted command continues where it stopped.
     """
     from finetune_cli.augment.backtranslate import SamplingSpec
+    from finetune_cli.augment.config import AugmentConfig
     from finetune_cli.augment.edits import EditSpec
-    from finetune_cli.pipelines.augment import AugmentConfig, run_augment
+    from finetune_cli.pipelines.augment import run_augment
 
     cfg = AugmentConfig(
         input=input, output=output, columns=tuple(column or ()), format=format, header=header,

@@ -11,7 +11,6 @@ from typing import Annotated, Any, Optional
 import typer
 
 from finetune_cli.errors import FinetuneError
-from finetune_cli.recipe import RecipeError
 from finetune_cli.ui import UI
 
 RecipeOpt = Annotated[str, typer.Option("--recipe", "-r", help="YAML recipe file, or the name of a packaged recipe.")]
@@ -38,7 +37,7 @@ def handle_errors(fn: Callable) -> Callable:
         ui = UI()
         try:
             return fn(*args, **kwargs)
-        except (FinetuneError, RecipeError) as e:
+        except FinetuneError as e:
             ui.error(str(e))
             raise typer.Exit(getattr(e, "exit_code", 2)) from None
         except KeyboardInterrupt as e:

@@ -33,12 +33,19 @@ def _split(s: Optional[str]) -> Optional[list[str]]:
 
 
 def _run(mode: str, recipe: str, overrides, objectives, device, data_dir, overwrite, json_out, quiet, **plan_kw):
-    from finetune_cli.pipelines.probe import load_probe_recipe, make_plan, run_probe
+    from pathlib import Path
+
+    from finetune_cli.cli.probe_render import markdown_table
+    from finetune_cli.fsutil import atomic_write_text
+    from finetune_cli.pipelines.probe import make_plan, run_probe
+    from finetune_cli.pipelines.recipes import load_probe_recipe
 
     r = load_probe_recipe(recipe, overrides or [])
     plan = make_plan(r, mode, **plan_kw)
     ui = UI(quiet=quiet or json_out)
     res = run_probe(r, plan, ui, variants=_split(objectives), device=device, data_dir=data_dir, overwrite=overwrite)
+    md = markdown_table(res)
+    atomic_write_text(Path(res["out_dir"]) / "results.md", md)
     if json_out:
         emit_json(res)
         return
@@ -53,9 +60,7 @@ def _run(mode: str, recipe: str, overrides, objectives, device, data_dir, overwr
         for i, (stage, row) in enumerate(zip(res["stages"], v["matrix"], strict=False)):
             t.add_row(label, stage if i == 0 else f"{i}:{stage}", *(f"{x:.4f}" for x in row))
     ui.print(t)
-    from pathlib import Path
-
-    ui.print((Path(res["out_dir"]) / "results.md").read_text().split("\n\n", 2)[-1].strip())
+    ui.print(md.split("\n\n", 2)[-1].strip())
     ui.log(f"wrote {res['out_dir']}/results.json, results.md, accuracy.png")
 
 

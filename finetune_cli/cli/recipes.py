@@ -7,7 +7,8 @@ from typing import Annotated
 import typer
 
 from finetune_cli.cli.common import JsonOpt, Overrides, emit_json, handle_errors
-from finetune_cli.recipe import PACKAGED_RECIPES, load_recipe, resolve_recipe_path
+from finetune_cli.pipelines.recipes import load_any
+from finetune_cli.recipe import PACKAGED_RECIPES, resolve_recipe_path
 from finetune_cli.ui import UI
 
 app = typer.Typer(help="List, show and validate recipes.", no_args_is_help=True)
@@ -28,7 +29,7 @@ def list_cmd(json_out: JsonOpt = False) -> None:
     """List the packaged recipes."""
     rows = []
     for p in sorted(PACKAGED_RECIPES.rglob("*.yaml")):
-        r = load_recipe(p)
+        r = load_any(p)
         rows.append({"name": str(p.relative_to(PACKAGED_RECIPES).with_suffix("")), "objective": r.objective.name,
                      "description": _description(p)})
     if json_out:
@@ -56,7 +57,7 @@ def show_cmd(name: Annotated[str, typer.Argument(help="Recipe name or file.")]) 
 def validate_cmd(file: Annotated[str, typer.Argument(help="Recipe name or file.")], overrides: Overrides = None,
                  json_out: JsonOpt = False) -> None:
     """Validate a recipe (with overrides) without loading any model; print the resolved recipe."""
-    r = load_recipe(file, overrides or [])
+    r = load_any(file, overrides or [])
     if json_out:
         emit_json(r.to_dict())
     else:

@@ -26,7 +26,8 @@ def report_cmd(
     """Mean ± std per metric per recipe over seeds, and paired comparisons (t-test, Wilcoxon)."""
     from pathlib import Path
 
-    from finetune_cli.pipelines.report import build_report, default_plot_path, to_markdown
+    from finetune_cli.cli.report_render import to_markdown
+    from finetune_cli.pipelines.report import build_report, default_plot_path
 
     ui = UI()
     out = None if no_plot else (Path(plot) if plot else default_plot_path(run_dirs))

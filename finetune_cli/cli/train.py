@@ -16,7 +16,7 @@ from finetune_cli.cli.common import (
     emit_json,
     handle_errors,
 )
-from finetune_cli.recipe import load_recipe
+from finetune_cli.pipelines.recipes import load_recipe
 from finetune_cli.ui import UI
 
 

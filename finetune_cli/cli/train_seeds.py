@@ -10,8 +10,8 @@ from finetune_cli.errors import RunDirError
 
 def train_seeds(recipe, seeds: str, ui, *, device: str, data_dir: Optional[str], resume: Optional[str],
                 overwrite: bool, json_out: bool) -> None:
+    from finetune_cli.metrics.stats import mean_std
     from finetune_cli.pipelines.multiseed import parse_seeds, run_seeds
-    from finetune_cli.pipelines.report import mean_std
 
     if resume is not None:
         raise RunDirError("--resume names one checkpoint and cannot be used with --seeds "

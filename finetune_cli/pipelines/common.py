@@ -154,10 +154,3 @@ EVALUATORS: dict[str, Evaluator] = {
     "similarity": Evaluator(_similarity_evaluator, own_data=True),
 }
 
-
-@dataclass
-class RunInfo:
-    run_dir: Path
-    resumed_from: Optional[Path]
-    already_complete: bool = False
-    summary: Optional[dict[str, Any]] = None

@@ -11,11 +11,11 @@ import numpy as np
 
 from finetune_cli.data.encode import encode_table
 from finetune_cli.data.sources import detect_format, read_file, resolve_path
+from finetune_cli.engine.device import resolve_device
 from finetune_cli.engine.inference import forward_all
 from finetune_cli.errors import DataError
 from finetune_cli.metrics.similarity import l2_normalize
 from finetune_cli.models.loading import load_text_model
-from finetune_cli.pipelines.evaluate import pick_device
 
 
 @dataclass
@@ -69,7 +69,7 @@ def run_embed(model_name: str, input_path: str, output: str, ui, *, column: Opti
         raise DataError(f"output {output} must end in .npy or .parquet")
     texts, ids = read_sentences(input_path, column, fmt)
     model, tokenizer, path = load_text_model(model_name)
-    dev = pick_device(device)
+    dev = resolve_device(device)
     model.to(dev)
     t0 = time.perf_counter()
     with ui.progress(len(texts), "embed", transient=True) as prog:

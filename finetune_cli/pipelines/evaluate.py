@@ -7,16 +7,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
-import yaml
-
+from finetune_cli import rundir
 from finetune_cli.data.tasks import data_dir_from_env
+from finetune_cli.engine.device import resolve_device
 from finetune_cli.engine.inference import forward_all
 from finetune_cli.errors import DataError, ModelError
 from finetune_cli.metrics.calibration import DEFAULT_BINS
-from finetune_cli.models.loading import is_run_dir, load_text_model
+from finetune_cli.models.loading import load_text_model
+from finetune_cli.objectives.registry import validate_recipe
 from finetune_cli.pipelines.common import encode, evaluate_logits, load_data, objective_class
-from finetune_cli.recipe import Recipe, apply_overrides, build_recipe, load_recipe
+from finetune_cli.pipelines.recipes import load_recipe
+from finetune_cli.recipe import Recipe, apply_overrides, build_recipe, to_plain
 
 
 @dataclass
@@ -37,25 +38,18 @@ class EvalResult:
         return dataclasses.asdict(self)
 
 
-def pick_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelError(f"--device {device}: no CUDA device is available on this machine")
-    return torch.device(device)
-
-
 def eval_recipe(model: str, recipe_path: Optional[str], overrides: list[str]) -> Recipe:
     """The recipe that says which data to read: ``--recipe``, else the run directory's own."""
     if recipe_path is not None:
         return load_recipe(recipe_path, overrides)
     p = Path(model)
-    stored = p / "recipe.yaml"
-    if p.is_dir() and is_run_dir(p):
-        data = yaml.safe_load(stored.read_text()) or {}
-        return build_recipe(apply_overrides(data, overrides), str(stored))
+    if p.is_dir() and rundir.is_run_dir(p):
+        stored = rundir.read_recipe(p)
+        if not overrides:
+            return validate_recipe(stored)
+        return validate_recipe(build_recipe(apply_overrides(to_plain(stored), overrides), stored.source))
     if overrides:
-        return build_recipe(apply_overrides({}, overrides), "<command line>")
+        return validate_recipe(build_recipe(apply_overrides({}, overrides), "<command line>"))
     raise DataError(f"no evaluation data: {model} is not a run directory; pass --recipe or data.eval=FILE")
 
 
@@ -72,7 +66,7 @@ def run_eval(model_name: str, recipe: Recipe, ui, *, device: str = "auto", data_
     data = load_data(cfg, cls, data_dir_from_env(data_dir), need_train=False, need_eval=True)
     assert data.eval is not None
     enc = encode(recipe, cls, data.eval, tokenizer)
-    dev = pick_device(device)
+    dev = resolve_device(device)
     model.to(dev)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     want = ("logits", "embeddings") if cls.label_type == "class" else ("logits",)
@@ -95,4 +89,4 @@ def eval_output_dir(model_name: str, out: Optional[str]) -> Optional[Path]:
     if out is not None:
         return Path(out)
     p = Path(model_name)
-    return p if p.is_dir() and is_run_dir(p) else None
+    return p if p.is_dir() and rundir.is_run_dir(p) else None

@@ -11,13 +11,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Optional
 
 from finetune_cli.pipelines.train import TrainOutcome, run_train
 from finetune_cli.recipe import Recipe, RecipeError
-
-SEED_DIR = re.compile(r"seed-(-?\d+)")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -63,7 +60,3 @@ def run_seeds(recipe: Recipe, seeds: Sequence[int], ui, *, device: str = "auto",
         outcomes.append(run_train(r, ui, device=device, data_dir=data_dir, overwrite=overwrite, callbacks=callbacks))
     return outcomes
 
-
-def seed_of(run_dir: Path) -> Optional[int]:
-    m = SEED_DIR.fullmatch(Path(run_dir).name)
-    return int(m.group(1)) if m else None

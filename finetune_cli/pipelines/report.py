@@ -12,32 +12,23 @@ Runs are grouped by recipe: the fingerprint of ``recipe.yaml`` with ``train.seed
 and ``output`` left out, so the seeds of one recipe fall together whatever folder they sit in.
 A group is named after the folder above ``seed-<k>/`` (or the run folder itself).
 
-Paired comparison of recipe A against recipe B on the seeds both have (n pairs, d = a − b):
-mean difference, its 95% confidence interval ``mean ± t(0.975, n−1)·sd/√n``, the two-sided
-paired t-test p-value (``scipy.stats.ttest_rel``) and, with at least 5 pairs, the exact
-Wilcoxon signed-rank p-value (``scipy.stats.wilcoxon``; with 5 pairs its smallest possible value
-is 2/2⁵ = 0.0625).
+The statistics are in ``metrics.stats``; the rendering in ``cli.report_render``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
-import yaml
-
-from finetune_cli.errors import DataError
-from finetune_cli.pipelines.multiseed import seed_of
+from finetune_cli import rundir
+from finetune_cli.errors import DataError, RunDirError
+from finetune_cli.metrics.stats import mean_std, paired_stats
 
 METRIC_ORDER = ("accuracy", "f1_macro", "mcc", "ece", "mce", "nll", "pearson", "spearman")
-MIN_WILCOXON = 5
 
 
 @dataclass
@@ -91,88 +82,7 @@ class Report:
         return asdict(self)
 
 
-# ---- statistics --------------------------------------------------------------------------------
-
-def mean_std(values: Sequence[float]) -> tuple[float, Optional[float]]:
-    """Mean and sample standard deviation (n − 1 in the denominator; None for one value)."""
-    x = np.asarray(values, dtype=np.float64)
-    return float(x.mean()), (float(x.std(ddof=1)) if len(x) > 1 else None)
-
-
-def _finite(v: float) -> Optional[float]:
-    return float(v) if v is not None and math.isfinite(v) else None
-
-
-def paired_stats(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
-    """Paired comparison of ``a`` and ``b`` (same order = same seed): see the module docstring."""
-    from scipy import stats
-
-    a_ = np.asarray(a, dtype=np.float64)
-    b_ = np.asarray(b, dtype=np.float64)
-    n = len(a_)
-    out: dict[str, Any] = {"n": n, "mean_a": None, "mean_b": None, "diff": None, "ci95": None, "t_pvalue": None,
-                           "wilcoxon_pvalue": None, "note": ""}
-    if n == 0:
-        out["note"] = "no shared seeds"
-        return out
-    d = a_ - b_
-    out.update(mean_a=float(a_.mean()), mean_b=float(b_.mean()), diff=float(d.mean()))
-    if n < 2:
-        out["note"] = "one shared seed: no interval or test"
-        return out
-    sd = float(d.std(ddof=1))
-    half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
-    out["ci95"] = [float(d.mean() - half), float(d.mean() + half)]
-    if sd <= 1e-12 * max(1.0, abs(float(d.mean()))):  # equal up to rounding: the t statistic is undefined
-        out["note"] = "all differences equal: no test"
-        return out
-    out["t_pvalue"] = _finite(stats.ttest_rel(a_, b_).pvalue)
-    if n >= MIN_WILCOXON and np.any(d != 0):
-        out["wilcoxon_pvalue"] = _finite(stats.wilcoxon(a_, b_).pvalue)
-    else:
-        out["note"] = f"Wilcoxon needs at least {MIN_WILCOXON} pairs"
-    return out
-
-
 # ---- reading runs ------------------------------------------------------------------------------
-
-def _has_run(p: Path) -> bool:
-    return (p / "recipe.yaml").is_file()
-
-
-def expand_run_dirs(paths: Sequence[str]) -> list[Path]:
-    """Run directories as given; a folder that is not a run but holds runs (``seed-*/``) expands to them."""
-    out: list[Path] = []
-    for s in paths:
-        p = Path(s)
-        if not p.is_dir():
-            raise DataError(f"run directory not found: {s}")
-        if _has_run(p):
-            out.append(p)
-            continue
-        kids = sorted((q for q in p.iterdir() if q.is_dir() and _has_run(q)),
-                      key=lambda q: (seed_of(q) is None, seed_of(q) or 0, q.name))
-        if not kids:
-            raise DataError(f"{s} is not a finetune run directory (no recipe.yaml) and holds none")
-        out.extend(kids)
-    seen: set[Path] = set()
-    uniq = []
-    for p in out:
-        if p.resolve() not in seen:
-            seen.add(p.resolve())
-            uniq.append(p)
-    return uniq
-
-
-def recipe_fingerprint(recipe: dict[str, Any]) -> str:
-    """Hash of a stored recipe without what differs between the seeds of one recipe."""
-    d = json.loads(json.dumps(recipe, default=str))
-    d.pop("output", None)
-    for section, key in (("train", "seed"), ("data", "seed")):
-        if isinstance(d.get(section), dict):
-            d[section].pop(key, None)
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-
 
 def _read_json(p: Path) -> Optional[dict[str, Any]]:
     if not p.is_file():
@@ -185,15 +95,16 @@ def _read_json(p: Path) -> Optional[dict[str, Any]]:
 
 def load_run(run_dir: Path) -> RunRecord:
     try:
-        recipe = yaml.safe_load((run_dir / "recipe.yaml").read_text()) or {}
-    except yaml.YAMLError:
-        raise DataError(f"{run_dir / 'recipe.yaml'} cannot be read") from None
-    summary = _read_json(run_dir / "summary.json")
+        stored = rundir.read_recipe(run_dir)
+    except RunDirError as e:
+        raise DataError(str(e)) from None
+    recipe = stored.to_dict()
+    summary = _read_json(run_dir / rundir.SUMMARY)
     if summary is None:
         raise DataError(f"run {run_dir} is not finished (no summary.json): rerun its `finetune train` "
                         f"command, or leave it out")
     ev = _read_json(run_dir / "eval.json")
-    best = _read_json(run_dir / "best" / "eval_metrics.json")
+    best = _read_json(run_dir / rundir.BEST / "eval_metrics.json")
     data = recipe.get("data") or {}
     labels = summary.get("labels") or []
     if ev is not None:
@@ -212,11 +123,11 @@ def load_run(run_dir: Path) -> RunRecord:
                         f"run `finetune eval {run_dir}` first")
     seed = summary.get("seed", (recipe.get("train") or {}).get("seed"))
     if seed is None:
-        seed = seed_of(run_dir)
-    name = run_dir.parent.name if seed_of(run_dir) is not None else run_dir.name
+        seed = rundir.seed_of(run_dir)
+    name = run_dir.parent.name if rundir.seed_of(run_dir) is not None else run_dir.name
     task = task_data + (f" (labels: {', '.join(map(str, labels))})" if labels else "")
     objective = (recipe.get("objective") or {}).get("name", "?")
-    return RunRecord(path=str(run_dir), group=name, fingerprint=recipe_fingerprint(recipe), seed=int(seed),
+    return RunRecord(path=str(run_dir), group=name, fingerprint=stored.fingerprint(ignore_seeds=True), seed=int(seed),
                      objective=objective, source=source, task=task, metrics=metrics)
 
 
@@ -259,7 +170,7 @@ def build_report(paths: Sequence[str], compare: Sequence[str] = (), plot: Option
     """Read the runs, check they are comparable, and compute the statistics (and the plot)."""
     if not paths:
         raise DataError("no run directories given")
-    runs = [load_run(p) for p in expand_run_dirs(paths)]
+    runs = [load_run(p) for p in rundir.expand_run_dirs(paths)]
     first = runs[0]
     for r in runs[1:]:
         if set(r.metrics) != set(first.metrics):
@@ -319,46 +230,6 @@ def default_plot_path(paths: Sequence[str]) -> Path:
         common = Path(os.path.commonpath([str(Path(p).resolve()) for p in paths]))
     except ValueError:
         common = Path.cwd()
-    if _has_run(common):
+    if rundir.has_recipe(common):
         common = common.parent
     return common / "report.png"
-
-
-# ---- rendering ---------------------------------------------------------------------------------
-
-def fmt_mean_std(s: dict[str, Any], digits: int = 4) -> str:
-    if s["std"] is None:
-        return f"{s['mean']:.{digits}f}"
-    return f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}"
-
-
-def fmt_p(p: Optional[float]) -> str:
-    if p is None:
-        return "–"
-    return f"{p:.2e}" if p < 1e-3 else f"{p:.4f}"
-
-
-def fmt_ci(ci: Optional[list[float]]) -> str:
-    return f"[{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "–"
-
-
-def to_markdown(rep: Report) -> str:
-    lines = [f"Task: {rep.task}", "",
-             "| recipe | objective | seeds | " + " | ".join(rep.metrics) + " |",
-             "|---|---|---|" + "---:|" * len(rep.metrics)]
-    for g in rep.groups:
-        lines.append(f"| {g.name} | {g.objective} | {len(g.seeds)} | "
-                     + " | ".join(fmt_mean_std(g.stats[m]) for m in rep.metrics) + " |")
-    if rep.comparisons:
-        lines += ["", "Paired comparison over shared seeds (difference = A − B; 95% CI from the t distribution; "
-                      "two-sided paired t-test; Wilcoxon signed-rank with ≥ 5 pairs):", "",
-                  "| A − B | metric | n | mean A | mean B | difference | 95% CI | p (paired t) | p (Wilcoxon) |",
-                  "|---|---|---:|---:|---:|---:|---|---:|---:|"]
-        def f(v: Optional[float]) -> str:
-            return "–" if v is None else f"{v:.4f}"
-
-        for c in rep.comparisons:
-            diff = "–" if c.diff is None else f"{c.diff:+.4f}"
-            lines.append(f"| {c.a} − {c.b} | {c.metric} | {c.n} | {f(c.mean_a)} | {f(c.mean_b)} | {diff} | "
-                         f"{fmt_ci(c.ci95)} | {fmt_p(c.t_pvalue)} | {fmt_p(c.wilcoxon_pvalue)} |")
-    return "\n".join(lines) + "\n"

@@ -9,6 +9,7 @@ import numpy as np
 
 from finetune_cli.data.encode import encode_table
 from finetune_cli.data.tasks import data_dir_from_env
+from finetune_cli.engine.device import resolve_device
 from finetune_cli.engine.inference import forward_all
 from finetune_cli.errors import DataError
 from finetune_cli.metrics.similarity import (
@@ -20,7 +21,7 @@ from finetune_cli.metrics.similarity import (
 )
 from finetune_cli.models.loading import load_text_model, read_head_spec, resolve_model
 from finetune_cli.pipelines.common import load_similarity_data, objective_class
-from finetune_cli.pipelines.evaluate import EvalResult, pick_device
+from finetune_cli.pipelines.evaluate import EvalResult
 from finetune_cli.recipe import Recipe
 
 
@@ -60,7 +61,7 @@ def run_eval_similarity(model_name: str, recipe: Recipe, ui, *, device: str = "a
         raise DataError("no similarity data: set data.eval=FILE (text, text_pair and a gold score label)")
     model, tokenizer, path = load_text_model(model_name)
     enc = encode_table(table, tokenizer, recipe.model.max_length, ("text", "text_pair"), joint=False)
-    dev = pick_device(device)
+    dev = resolve_device(device)
     model.to(dev)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     bs = batch_size or recipe.train.eval_batch_size

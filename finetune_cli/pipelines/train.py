@@ -9,23 +9,21 @@ nothing if the run is complete); a different recipe there is refused unless ``ov
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
-
+from finetune_cli import rundir
 from finetune_cli.data.tasks import data_dir_from_env
-from finetune_cli.engine import Interrupted, Trainer, list_checkpoints
+from finetune_cli.engine import Interrupted, Trainer
 from finetune_cli.errors import RunDirError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text
-from finetune_cli.models.loading import load_text_model, save_text_model
+from finetune_cli.models.loading import build_text_model, load_text_model, save_text_model
 from finetune_cli.objectives import registry
 from finetune_cli.pipelines.common import EVALUATORS, encode, head_spec, load_data, objective_class
-from finetune_cli.recipe import Recipe, RecipeError, build_recipe
+from finetune_cli.recipe import Recipe
 
 
 @dataclass
@@ -36,53 +34,17 @@ class TrainOutcome:
     already_complete: bool = False
 
 
-def _check_run_dir(recipe: Recipe, run_dir: Path, overwrite: bool) -> Optional[dict]:
-    """Return the stored recipe dict if ``run_dir`` holds this same run; refuse a different one."""
-    stored = run_dir / "recipe.yaml"
-    if not run_dir.exists() or not any(run_dir.iterdir()):
-        return None
-    if overwrite:
-        shutil.rmtree(run_dir)
-        return None
-    if not stored.is_file():
-        raise RunDirError(f"output directory {run_dir} is not empty and holds no finetune run; "
-                          f"choose another output.name or pass --overwrite")
-    try:
-        old = build_recipe(yaml.safe_load(stored.read_text()) or {}, str(stored))
-    except Exception:
-        raise RunDirError(f"output directory {run_dir} holds a run whose recipe.yaml cannot be read; "
-                          f"pass --overwrite to replace it") from None
-    if old.fingerprint() != recipe.fingerprint():
-        diff = _first_difference(old.to_dict(), recipe.to_dict())
-        raise RunDirError(f"output directory {run_dir} holds a different run ({diff}); "
-                          f"pass --overwrite to replace it, or set output.name")
-    return old.to_dict()
-
-
-def _first_difference(a: Any, b: Any, prefix: str = "") -> str:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in list(a) + [k for k in b if k not in a]:
-            if k == "output":
-                continue
-            if a.get(k) != b.get(k):
-                return _first_difference(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)
-    return f"{prefix}: {a!r} there, {b!r} now"
-
-
 def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[str] = None,
               resume: Optional[str] = None, overwrite: bool = False,
               callbacks: Sequence[Callable] = ()) -> TrainOutcome:
-    if not isinstance(recipe, Recipe):
-        raise RecipeError(f"{recipe.source} is a probe recipe; run it with `finetune probe sequential` (or generalization, retention)")
+    recipe = registry.validate_recipe(recipe)
     cls = objective_class(recipe)
     run_dir = recipe.run_dir
-    _check_run_dir(recipe, run_dir, overwrite)
-    summary_file = run_dir / "summary.json"
-    if summary_file.is_file() and resume is None:
-        import json
-
+    rundir.check_run_dir(run_dir, recipe, overwrite, normalise=registry.validate_recipe)
+    summary = rundir.read_summary(run_dir)
+    if summary is not None and resume is None:
         ui.log(f"run {run_dir} is already complete (summary.json); pass --overwrite to train again")
-        return TrainOutcome(run_dir, json.loads(summary_file.read_text()), already_complete=True)
+        return TrainOutcome(run_dir, summary, already_complete=True)
 
     ui.rule(f"finetune train · {recipe.objective.name} · {run_dir}")
     ui.log(recipe.to_yaml().rstrip())
@@ -94,40 +56,28 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
     ck: Optional[Path] = None
     if resume:
         ck = Path(resume)
-        if not (ck / "trainer_state.json").is_file():
-            raise RunDirError(f"--resume {resume}: not a checkpoint directory (no trainer_state.json)")
+        if not rundir.is_complete_checkpoint(ck):
+            raise RunDirError(f"--resume {resume}: not a complete checkpoint directory "
+                              f"(needs {rundir.STATE_FILE} and {rundir.CHECKPOINT_MODEL}/)")
     else:
-        cks = list_checkpoints(run_dir)
-        ck = cks[-1] if cks else None
+        ck = rundir.latest_checkpoint(run_dir)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe_yaml = recipe.to_yaml()
-    atomic_write_text(run_dir / "recipe.yaml", recipe_yaml)
+    atomic_write_text(run_dir / rundir.RECIPE, recipe_yaml)
 
-    # Build the model: from the checkpoint when resuming, else from model.name with fresh heads.
-    from finetune_cli.models.loading import load_encoder, resolve_model
-
+    # The model: from the checkpoint when resuming, else from model.name with fresh heads (seeded,
+    # so that a seed fully determines a run).
     if ck is not None:
-        model, tokenizer, _ = load_text_model(str(ck / "model"))
+        model, tokenizer, _ = load_text_model(str(ck / rundir.CHECKPOINT_MODEL))
         ui.log(f"resuming from {ck}")
     else:
-        from finetune_cli.models.loading import load_tokenizer
-        from finetune_cli.models.text_model import TextModel
-
-        path, is_local = resolve_model(recipe.model.name)
-        rev = None if is_local else recipe.model.revision
-        tokenizer = load_tokenizer(path, rev)
-        encoder = load_encoder(path, rev)
-        if recipe.model.dropout is not None:
-            from finetune_cli.models.text_model import set_encoder_dropout
-
-            set_encoder_dropout(encoder, recipe.model.dropout)
-        spec = head_spec(recipe, cls, data.num_labels, float(getattr(encoder.config, "hidden_dropout_prob", 0.1)))
-        # Seed before the heads are initialised so that a seed fully determines a run.
         from finetune_cli.engine.trainer import seed_everything
 
-        seed_everything(recipe.train.seed)
-        model = TextModel(encoder, spec)
+        model, tokenizer = build_text_model(
+            recipe.model.name, lambda enc_dropout: head_spec(recipe, cls, data.num_labels, enc_dropout),
+            revision=recipe.model.revision, dropout=recipe.model.dropout,
+            before_heads=lambda: seed_everything(recipe.train.seed))
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     t0 = time.perf_counter()
@@ -157,7 +107,7 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
         raise KeyboardInterrupt(f"interrupted{where}; rerun the same command to resume") from None
 
     if trainer.is_main:
-        with atomic_dir(run_dir / "final") as tmp:
+        with atomic_dir(run_dir / rundir.FINAL) as tmp:
             save_model(trainer.unwrapped(), tmp)
     st = result.state
     summary = {
@@ -182,5 +132,5 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
         "seed": recipe.train.seed,
     }
     if trainer.is_main:
-        atomic_write_json(run_dir / "summary.json", summary)
+        atomic_write_json(run_dir / rundir.SUMMARY, summary)
     return TrainOutcome(run_dir, summary, resumed_from=ck)

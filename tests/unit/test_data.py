@@ -11,7 +11,7 @@ from finetune_cli.data import collate, encode_table, load_task_data, read_file
 from finetune_cli.data.sampling import epoch_batches, length_grouped_batches, random_batches
 from finetune_cli.data.tasks import few_shot_indices
 from finetune_cli.errors import DataError
-from finetune_cli.recipe import load_recipe
+from finetune_cli.pipelines.recipes import load_recipe
 
 
 def _cfg(*ov):

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from finetune_cli.engine.trainer import Trainer
 from finetune_cli.errors import TrainingError
+from finetune_cli.pipelines.recipes import load_recipe
 from finetune_cli.pipelines.train import run_train
-from finetune_cli.recipe import load_recipe
 from finetune_cli.ui import UI
 
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from finetune_cli.objectives import build
 from finetune_cli.objectives.ce import cross_entropy
+from tests.unit._objective_batch import model_and_batch, no_dropout
 
 
 def reference_ce(logits, labels, eps):
@@ -33,15 +33,14 @@ def test_matches_reference(eps):
     assert got == pytest.approx(reference_ce(logits, labels.tolist(), eps), rel=1e-6)
 
 
-def test_gradient_and_parts_on_a_real_batch(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    from finetune_cli.models import HeadSpec, load_text_model
-
-    model, tok, _ = load_text_model(str(tiny_model_dir), HeadSpec(num_labels=2))
-    feats = dict(tok(["good", "bad movie"], padding=True, return_tensors="pt"))
-    out = build("ce", {"label_smoothing": 0.1})(model, {"features": [feats], "labels": torch.tensor([1, 0])})
+def test_gradient_and_parts_on_a_batch_from_the_real_sampler(tiny_model_dir, quickstart_data):
+    """A batch built as `finetune train` builds it: the loss is the reference CE of the model's own
+    logits, and every trained part (encoder, classifier) gets a non-zero gradient."""
+    model, _, batch, obj = model_and_batch(tiny_model_dir, quickstart_data, "ce", "objective.label_smoothing=0.1")
+    out = obj(no_dropout(model), batch)
     assert set(out) == {"loss", "ce"}
+    logits = model(batch["features"][0]).logits.detach()
+    assert out["loss"].item() == pytest.approx(reference_ce(logits.double(), batch["labels"].tolist(), 0.1), rel=1e-5)
     out["loss"].backward()
     assert model.encoder.embeddings.word_embeddings.weight.grad.abs().sum() > 0
-    assert AutoTokenizer is not None
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.classifier.parameters())

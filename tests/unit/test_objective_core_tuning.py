@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from finetune_cli.objectives import build
 from finetune_cli.objectives import core_tuning as ct
 from finetune_cli.objectives.scl import supervised_contrastive_loss
-from finetune_cli.recipe import RecipeError, load_recipe
+from finetune_cli.pipelines.recipes import load_recipe
+from finetune_cli.recipe import RecipeError
 
 
 def reference_focal(z, labels, tau, gamma):

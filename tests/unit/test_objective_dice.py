@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from finetune_cli.objectives.dice import self_adjusting_dice_loss
-from finetune_cli.recipe import RecipeError, load_recipe
+from finetune_cli.pipelines.recipes import load_recipe
+from finetune_cli.recipe import RecipeError
 from tests.unit._objective_batch import model_and_batch
 
 

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from finetune_cli.errors import DataError
 from finetune_cli.objectives import build
 from finetune_cli.objectives.focal import focal_loss
-from finetune_cli.recipe import RecipeError, load_recipe
+from finetune_cli.pipelines.recipes import load_recipe
+from finetune_cli.recipe import RecipeError
 from tests.unit._objective_batch import model_and_batch
 
 

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from finetune_cli.errors import DataError
 from finetune_cli.objectives.rxf import r3f_loss, symmetric_kl
-from finetune_cli.recipe import RecipeError, load_recipe
+from finetune_cli.pipelines.recipes import load_recipe
+from finetune_cli.recipe import RecipeError
 from tests.unit._objective_batch import model_and_batch, no_dropout
 
 

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from finetune_cli.cli.main import app
 from finetune_cli.objectives import build
 from finetune_cli.objectives.scl import supervised_contrastive_loss
-from finetune_cli.recipe import RecipeError, load_recipe
+from finetune_cli.pipelines.recipes import load_recipe
+from finetune_cli.recipe import RecipeError
 
 runner = CliRunner()
 
@@ -206,7 +207,7 @@ def test_one_class_is_refused(tmp_path, tiny_model_dir, objective):
 def test_integer_labels_and_explicit_label_names_still_work(tmp_path):
     """The score check must not refuse integer class ids, nor numbers declared as class names."""
     from finetune_cli.data.tasks import load_task_data
-    from finetune_cli.recipe import load_recipe as lr
+    from finetune_cli.pipelines.recipes import load_recipe as lr
 
     p = _write(tmp_path, [("a", "0"), ("b", "1"), ("c", "2")])
     r = lr(None, [f"data.train={p}", "data.columns.text=sentence"])

@@ -246,3 +246,37 @@ def test_sup_recipe_with_nli_triplets_and_errors(tmp_path, tiny_model_dir):
     assert res.exit_code != 0 and "missing column `nope`" in res.output
     res = r.invoke(app, ["embed", str(tiny_model_dir), str(sts), "-c", "sentence1", "-o", str(tmp_path / "x.csv")])
     assert res.exit_code != 0 and ".npy or .parquet" in res.output
+
+
+def _encoder_grads_nonzero(model) -> bool:
+    return model.encoder.embeddings.word_embeddings.weight.grad.abs().sum().item() > 0
+
+
+def test_unsup_gradient_on_a_batch_from_the_real_sampler(tiny_model_dir, quickstart_data):
+    """simcse_unsup on a batch the training sampler and collate build: finite loss above 0, a
+    non-zero encoder gradient, and the two dropout views of the doubled batch differ."""
+    from tests.unit._objective_batch import model_and_batch
+
+    model, _, batch, obj = model_and_batch(tiny_model_dir, quickstart_data, "simcse_unsup", "data.columns.label=null")
+    out = obj(model, batch)
+    assert torch.isfinite(out["loss"]) and out["loss"].item() > 0
+    out["loss"].backward()
+    assert _encoder_grads_nonzero(model)
+
+
+def test_sup_gradient_on_a_batch_from_the_real_sampler(tiny_model_dir, quickstart_data, tmp_path):
+    """simcse_sup on (anchor, positive, hard negative) triplets through the real sampler and collate."""
+    from tests.unit._objective_batch import model_and_batch
+
+    rows = [ln.split("\t")[0] for ln in open(quickstart_data["train"], encoding="utf-8").read().splitlines()[1:41]]
+    f = tmp_path / "triplets.tsv"
+    f.write_text("sentence\tpos\tneg\n" + "".join(f"{a}\t{a.lower()}\t{rows[(i + 7) % len(rows)]}\n"
+                                                  for i, a in enumerate(rows)))
+    model, _, batch, obj = model_and_batch(tiny_model_dir, quickstart_data, "simcse_sup", "data.columns.label=null",
+                                           "data.columns.text_pair=pos", "data.columns.hard_neg=neg",
+                                           train_file=str(f))
+    assert len(batch["features"]) == 3  # anchor, positive, hard negative encoded separately
+    out = obj(model, batch)
+    assert torch.isfinite(out["loss"]) and out["loss"].item() > 0
+    out["loss"].backward()
+    assert _encoder_grads_nonzero(model)

@@ -11,8 +11,11 @@ import torch
 from typer.testing import CliRunner
 
 from finetune_cli.cli.main import app
+from finetune_cli.data.probe_tasks import materialize_task
+from finetune_cli.metrics.probe import probe_summary
 from finetune_cli.pipelines import probe as P
-from finetune_cli.recipe import RecipeError, load_recipe
+from finetune_cli.pipelines.recipes import load_any, load_probe_recipe, load_recipe
+from finetune_cli.recipe import ProbeRecipe, RecipeError
 
 runner = CliRunner()
 
@@ -55,21 +58,23 @@ def encoder_state(path) -> dict[str, torch.Tensor]:
 # ---- schema and plan --------------------------------------------------------------------------
 
 def test_probe_recipe_validates_with_recipe_machinery(recipe_file):
-    r = P.load_probe_recipe(recipe_file)
+    r = load_probe_recipe(recipe_file)
     assert list(r.probe.tasks) == ["a", "b"] and r.probe.tasks["b"].split.eval_fraction == 0.25
-    assert isinstance(load_recipe(recipe_file), P.ProbeRecipe)  # `recipes validate/list` accept it
+    assert isinstance(load_any(recipe_file), ProbeRecipe)  # `recipes validate/list` accept it
+    with pytest.raises(RecipeError, match="is a probe recipe; run it with `finetune probe"):
+        load_recipe(recipe_file)  # one return type: a training recipe or a one-line refusal
     with pytest.raises(RecipeError, match=r"unknown key `probe.tasks.a.dta`.*did you mean `probe.tasks.a.data`"):
-        P.load_probe_recipe(recipe_file, ["probe.tasks.a.dta=1"])
+        load_probe_recipe(recipe_file, ["probe.tasks.a.dta=1"])
     with pytest.raises(RecipeError, match=r"`probe.tasks.b.split.eval_fraction`.*must be < 1"):
-        P.load_probe_recipe(recipe_file, ["probe.tasks.b.split.eval_fraction=1.5"])
+        load_probe_recipe(recipe_file, ["probe.tasks.b.split.eval_fraction=1.5"])
     with pytest.raises(RecipeError, match=r"unknown key `probe.clasifier`.*did you mean `probe.classifier`"):
-        P.load_probe_recipe(recipe_file, ["probe.clasifier.C=1"])
+        load_probe_recipe(recipe_file, ["probe.clasifier.C=1"])
     with pytest.raises(RecipeError, match="no label column"):
-        P.load_probe_recipe(recipe_file, ["probe.tasks.a.data.columns.label=null"])
+        load_probe_recipe(recipe_file, ["probe.tasks.a.data.columns.label=null"])
 
 
 def test_plans(recipe_file):
-    r = P.load_probe_recipe(recipe_file)
+    r = load_probe_recipe(recipe_file)
     assert P.make_plan(r, "sequential").stages == ["a", "b"]
     ret = P.make_plan(r, "retention", cycles=3)
     assert ret.stages == ["a", "b"] * 3 and ret.probed == ["a", "b"]
@@ -84,21 +89,21 @@ def test_plans(recipe_file):
 def test_summaries_against_hand_computed_values():
     plan = P.Plan("sequential", ["a", "b", "c"], ["a", "b", "c"])
     m = [[.5, .5, .5], [.9, .6, .5], [.8, .9, .5], [.7, .7, .9]]
-    s = P.summarise(plan, m)
+    s = probe_summary(plan.mode, plan.stages, plan.probed, m)
     assert s["degradation"] == pytest.approx({"a": .2, "b": .2, "c": 0.0})
     assert s["mean_degradation_earlier"] == pytest.approx(.2)
-    ret = P.summarise(P.Plan("retention", ["a", "b", "a", "b"], ["a", "b"]),
-                      [[.5, .5], [.9, .5], [.7, .8], [.95, .6], [.6, .9]])
+    ret = probe_summary("retention", ["a", "b", "a", "b"], ["a", "b"],
+                        [[.5, .5], [.9, .5], [.7, .8], [.95, .6], [.6, .9]])
     assert ret["returns"][0] == {"stage": 2, "task": "a", "after_last_training": .9, "when_it_comes_back": .7,
                                  "after_retraining": .95}
-    gen = P.summarise(P.Plan("generalization", ["a"], ["a", "b"]), [[.5, .6], [.9, .55]])
+    gen = probe_summary("generalization", ["a"], ["a", "b"], [[.5, .6], [.9, .55]])
     assert gen["delta_vs_pretrained"] == pytest.approx({"a": .4, "b": -.05})
 
 
 def test_seeded_split_is_disjoint_and_reproducible(recipe_file, tmp_path):
-    r = P.load_probe_recipe(recipe_file)
-    m1 = P.materialize_task("b", r.probe.tasks["b"], tmp_path / "m1", 3, None)
-    m2 = P.materialize_task("b", r.probe.tasks["b"], tmp_path / "m2", 3, None)
+    r = load_probe_recipe(recipe_file)
+    m1 = materialize_task("b", r.probe.tasks["b"], tmp_path / "m1", 3, None)
+    m2 = materialize_task("b", r.probe.tasks["b"], tmp_path / "m2", 3, None)
     tr = (tmp_path / "m1" / "train.jsonl").read_text()
     ev = (tmp_path / "m1" / "eval.jsonl").read_text()
     assert tr == (tmp_path / "m2" / "train.jsonl").read_text() and m1 == m2
@@ -112,8 +117,8 @@ def test_probe_never_changes_encoder_weights(recipe_file, tiny_model_dir, tmp_pa
     from finetune_cli.models.loading import load_text_model
     from finetune_cli.models.text_model import HeadSpec
 
-    r = P.load_probe_recipe(recipe_file)
-    meta = P.materialize_task("a", r.probe.tasks["a"], tmp_path / "a", 3, None)
+    r = load_probe_recipe(recipe_file)
+    meta = materialize_task("a", r.probe.tasks["a"], tmp_path / "a", 3, None)
     model, tok, _ = load_text_model(str(tiny_model_dir), HeadSpec(pooling="mean", num_labels=0))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     acc = P.probe_model(model, tok, {"a": {**meta, "dir": str(tmp_path / "a")}}, r)
@@ -124,7 +129,7 @@ def test_probe_never_changes_encoder_weights(recipe_file, tiny_model_dir, tmp_pa
 
 
 def test_sequential_end_to_end_and_resume(recipe_file, tiny_model_dir, monkeypatch):
-    P.load_probe_recipe(recipe_file)
+    load_probe_recipe(recipe_file)
     res = runner.invoke(app, ["probe", "sequential", "-r", str(recipe_file), "--json", "--device", "cpu"])
     assert res.exit_code == 0, res.output
     out = Path(json.loads(res.stdout)["out_dir"])
@@ -144,19 +149,17 @@ def test_sequential_end_to_end_and_resume(recipe_file, tiny_model_dir, monkeypat
     assert json.loads((s1 / "summary.json").read_text())["model"] == str(s0 / "final")
     assert not list(s0.glob("checkpoint-*")) and (s0 / "best").is_dir()  # finished stages drop resume state
     # resume: a rerun trains nothing and gives the same matrix
-    import finetune_cli.pipelines.train as T
-
     def boom(*a, **k):
         raise AssertionError("a finished stage was trained again")
 
-    monkeypatch.setattr(T, "run_train", boom)
+    monkeypatch.setattr(P, "run_train", boom)
     res2 = runner.invoke(app, ["probe", "sequential", "-r", str(recipe_file), "--json", "--device", "cpu"])
     assert res2.exit_code == 0, res2.output
     assert json.loads((out / "results.json").read_text())["variants"]["ce"]["matrix"] == v["matrix"]
     # an unfinished stage (probe file missing) runs again
     (out / "ce" / "probes" / "stage-01-b.json").unlink()
     calls = []
-    monkeypatch.setattr(T, "run_train", lambda *a, **k: calls.append(a[0].output.name))
+    monkeypatch.setattr(P, "run_train", lambda *a, **k: calls.append(a[0].output.name))
     res3 = runner.invoke(app, ["probe", "sequential", "-r", str(recipe_file), "--json", "--device", "cpu"])
     assert res3.exit_code == 0, res3.output
     assert calls == ["stage-01-b"]
@@ -199,6 +202,6 @@ def test_cli_errors_are_one_line(recipe_file, tmp_path, tiny_model_dir, quicksta
 
 
 def test_shipped_probe_recipe_plans_four_glue_stages():
-    r = P.load_probe_recipe("probe_sequential")
+    r = load_probe_recipe("probe_sequential")
     assert P.make_plan(r, "sequential").stages == ["sst2", "qnli", "qqp", "rte"]
     assert r.probe.tasks["qnli"].split.source == "eval" and r.probe.tasks["qqp"].split.source == "train"

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from finetune_cli.recipe import PACKAGED_RECIPES, Recipe, RecipeError, apply_overrides, load_recipe
+from finetune_cli.pipelines.recipes import load_any, load_recipe
+from finetune_cli.recipe import PACKAGED_RECIPES, Recipe, RecipeError, apply_overrides
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -110,11 +111,36 @@ SHIPPED = sorted(PACKAGED_RECIPES.rglob("*.yaml"))
 
 def test_shipped_recipes_found():
     assert {p.stem for p in SHIPPED} >= {"quickstart", "ce"}
-    assert Path("recipes").resolve() == PACKAGED_RECIPES or (Path(__file__).parents[2] / "recipes").resolve() == PACKAGED_RECIPES
+    # the top-level recipes/ folder users browse is the packaged set, file for file
+    top = Path(__file__).parents[2] / "recipes"
+    assert sorted(p.relative_to(top) for p in top.rglob("*.yaml")) == [p.relative_to(PACKAGED_RECIPES) for p in SHIPPED]
+    for p in SHIPPED:
+        assert (top / p.relative_to(PACKAGED_RECIPES)).read_text() == p.read_text(), p.name
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_every_shipped_recipe_validates(path):
     first = path.read_text().splitlines()[0]
     assert first.startswith("# "), f"{path.name} must start with a one-line description comment"
-    load_recipe(path)
+    load_any(path)
+
+
+def test_metric_is_checked_at_validation_and_defaults_to_the_objectives_first():
+    """`train.metric` is refused before anything trains when the objective's evaluation does not
+    compute it; left out, it is the objective's first metric."""
+    with pytest.raises(RecipeError, match=r"`train.metric`.*`acc`.*did you mean `accuracy`"):
+        load_recipe("quickstart", ["train.metric=acc"])
+    with pytest.raises(RecipeError, match=r"`train.metric`.*`accuracy`.*`simcse_unsup`"):
+        load_recipe("simcse_unsup", ["train.metric=accuracy"])
+    assert load_recipe("quickstart", ["~train.metric"]).train.metric == "accuracy"
+    assert load_recipe("simcse_unsup", ["~train.metric"]).train.metric == "spearman"
+
+
+def test_recipe_layer_parses_without_objective_knowledge():
+    """The schema layer takes any objective name and parameters; the full load checks them."""
+    from finetune_cli.recipe import parse_recipe
+
+    r = parse_recipe(None, ["objective.name=nosuch", "objective.tau=3"])
+    assert (r.objective.name, dict(r.objective.params)) == ("nosuch", {"tau": 3})
+    with pytest.raises(RecipeError, match="unknown objective `nosuch`"):
+        load_recipe(None, ["objective.name=nosuch"])

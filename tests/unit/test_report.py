@@ -12,7 +12,9 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from finetune_cli.cli.main import app
-from finetune_cli.pipelines.report import build_report, mean_std, paired_stats, recipe_fingerprint
+from finetune_cli.metrics.stats import mean_std, paired_stats
+from finetune_cli.pipelines.report import build_report
+from finetune_cli.recipe import build_recipe
 
 runner = CliRunner()
 A = [0.80, 0.82, 0.79, 0.85, 0.81]
@@ -94,10 +96,13 @@ def test_report_groups_seeds_and_compares(two_recipes):
 
 
 def test_fingerprint_ignores_seed_and_output_only():
+    def fp(tree):
+        return build_recipe(tree).fingerprint(ignore_seeds=True)
+
     r = {"train": {"seed": 1, "lr": 1e-3}, "data": {"seed": 1}, "output": {"name": "a"}}
-    assert recipe_fingerprint(r) == recipe_fingerprint({"train": {"seed": 2, "lr": 1e-3}, "data": {"seed": 2},
-                                                        "output": {"name": "b"}})
-    assert recipe_fingerprint(r) != recipe_fingerprint({"train": {"seed": 1, "lr": 2e-3}, "data": {"seed": 1}})
+    assert fp(r) == fp({"train": {"seed": 2, "lr": 1e-3}, "data": {"seed": 2}, "output": {"name": "b"}})
+    assert fp(r) != fp({"train": {"seed": 1, "lr": 2e-3}, "data": {"seed": 1}})
+    assert build_recipe(r).fingerprint() != build_recipe({**r, "train": {"seed": 2, "lr": 1e-3}}).fingerprint()
 
 
 def test_same_name_different_recipe_is_split(tmp_path):

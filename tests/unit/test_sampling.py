@@ -124,8 +124,8 @@ def test_length_grouping_keeps_padding_low_and_positives_present():
 def test_group_by_length_false_switches_to_the_ungrouped_variant(tiny_recipe, monkeypatch):
     from finetune_cli.data import sampling
     from finetune_cli.engine import trainer as tr
+    from finetune_cli.pipelines.recipes import load_recipe
     from finetune_cli.pipelines.train import run_train
-    from finetune_cli.recipe import load_recipe
     from finetune_cli.ui import UI
 
     assert sampling.UNGROUPED["class_balanced"] in SAMPLERS and sampling.UNGROUPED["length_grouped"] in SAMPLERS

@@ -1,0 +1,246 @@
+"""Reading and writing ``finetune augment`` files: any column layout in, the same layout out.
+
+Input: CSV/TSV (header sniffed or given, or 0-based columns), JSONL/JSON, Parquet, TXT, every
+column kept. Output: the same columns in the same format (or the one the output's extension names),
+written atomically. Work happens in chunks of input rows saved as ``<output>.parts/chunk-N.jsonl``.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from finetune_cli.data.sources import detect_format, read_file, resolve_path
+from finetune_cli.errors import DataError
+from finetune_cli.fsutil import atomic_write_text
+
+# Column names tried, in order, when --column is not given (pairs first).
+KNOWN_PAIRS = (("sentence1", "sentence2"), ("text", "text_pair"), ("premise", "hypothesis"),
+               ("question1", "question2"), ("sentence_A", "sentence_B"), ("question", "sentence"))
+KNOWN_SINGLE = ("text", "sentence")
+OUTPUT_FORMATS = ("tsv", "csv", "jsonl", "json", "parquet", "txt")
+
+
+@dataclass
+class InputData:
+    names: list[str]  # every column, in file order
+    columns: dict[str, list[Any]]
+    text_columns: tuple[str, ...]
+    has_header: bool
+    format: str
+
+    def __len__(self) -> int:
+        return len(self.columns[self.names[0]])
+
+
+def _first_row(path: Path, fmt: str) -> Optional[list[str]]:
+    with path.open(encoding="utf-8", newline="") as f:
+        for line in f:
+            if not line.strip("\r\n"):
+                continue
+            if fmt == "csv":
+                return next(csv.reader([line]))
+            return line.rstrip("\r\n").split("\t")
+    return None
+
+
+def _record_keys(path: Path, fmt: str, src: str) -> list[str]:
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(path).names)
+    try:
+        if fmt == "jsonl":
+            with path.open(encoding="utf-8") as f:
+                first = next((ln for ln in f if ln.strip()), None)
+            rec = json.loads(first) if first is not None else None
+        else:
+            obj = json.loads(path.read_text(encoding="utf-8"))
+            recs = obj.get("data", obj) if isinstance(obj, dict) else obj
+            rec = recs[0] if recs else None
+    except json.JSONDecodeError as e:
+        raise DataError(f"malformed JSON in {src}: {e.msg} at line {e.lineno}") from None
+    if rec is None:
+        raise DataError(f"data file {src} is empty")
+    if not isinstance(rec, dict):
+        raise DataError(f"record 1 of {src} is not an object")
+    return [str(k) for k in rec]
+
+
+def _pick_columns(names: list[str], src: str) -> tuple[str, ...]:
+    for pair in KNOWN_PAIRS:
+        if all(c in names for c in pair):
+            return pair
+    for c in KNOWN_SINGLE:
+        if c in names:
+            return (c,)
+    raise DataError(f"no --column given and none of the usual text columns in {src} (columns: "
+                    f"{', '.join(names[:12])}); pass --column NAME (twice for pairs)")
+
+
+def read_input(src: str, fmt: str = "auto", columns: tuple[str, ...] = (), header: str = "auto") -> InputData:
+    """Read every column of the input with the project's readers; check the text columns (``columns``,
+    or the usual text columns when none are named)."""
+    path = resolve_path(src)
+    if not path.is_file():
+        raise DataError(f"data file not found: {src}")
+    fmt = detect_format(path, fmt)
+    wanted = tuple(columns)
+    if fmt in ("tsv", "csv"):
+        first = _first_row(path, fmt)
+        if first is None:
+            raise DataError(f"data file {src} is empty")
+        if header == "yes":
+            has_header = True
+        elif header == "no":
+            has_header = False
+        else:  # auto: a header when it holds the named columns (or a usual text column when none is named)
+            named = [c for c in wanted if not c.isdigit()]
+            has_header = all(c in first for c in named) if named else (
+                not wanted and any(c in first for c in KNOWN_SINGLE + tuple(x for p in KNOWN_PAIRS for x in p)))
+        if has_header:
+            if len(set(first)) != len(first):
+                dup = next(c for c in first if first.count(c) > 1)
+                raise DataError(f"column `{dup}` appears twice in the header of {src}")
+            names = first
+            colmap: dict[str, Any] = {n: n for n in names}
+        else:
+            names = [str(i) for i in range(len(first))]
+            colmap = {n: int(n) for n in names}
+        if not wanted:
+            if not has_header:
+                raise DataError(f"no --column given and none of the usual text columns in {src} (first row: "
+                                f"{', '.join(first[:12])}); pass --column NAME, or a 0-based index for a file "
+                                f"without header")
+            wanted = _pick_columns(names, src)
+        for c in wanted:
+            if c not in names:
+                raise DataError(f"missing column `{c}` in {src} (header: {', '.join(first[:12]) if has_header else 'none'})")
+        table = read_file(src, colmap, fmt, "yes" if has_header else "no")
+    elif fmt == "txt":
+        has_header = False
+        names = ["text"]
+        if wanted and wanted != ("text",):
+            raise DataError(f"{src} is plain text (one sentence a line): its only column is `text`")
+        wanted = ("text",)
+        table = read_file(src, {"text": "text"}, fmt)
+    else:
+        has_header = True
+        names = _record_keys(path, fmt, src)
+        if not wanted:
+            wanted = _pick_columns(names, src)
+        for c in wanted:
+            if c not in names:
+                raise DataError(f"missing column `{c}` in record 1 of {src} (keys: {', '.join(names[:12])})")
+        table = read_file(src, {n: n for n in names}, fmt)
+    if len(set(wanted)) != len(wanted):
+        raise DataError(f"--column names the same column twice: {', '.join(wanted)}")
+    if len(table) == 0:
+        raise DataError(f"data file {src} has no rows")
+    for c in wanted:
+        bad = next((i for i, v in enumerate(table.columns[c]) if not isinstance(v, str)), None)
+        if bad is not None:
+            raise DataError(f"column `{c}` of {src} must hold text; row {table.row_ids[bad]} holds "
+                            f"{type(table.columns[c][bad]).__name__}")
+    return InputData(names, table.columns, wanted, has_header, fmt)
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---- chunks ----------------------------------------------------------------------------------------
+
+def parts_dir(output: Path) -> Path:
+    return output.parent / f"{output.name}.parts"
+
+
+def chunk_path(parts: Path, k: int) -> Path:
+    return parts / f"chunk-{k:06d}.jsonl"
+
+
+def chunk_seed(seed: int, k: int) -> int:
+    """Each chunk's own seed, so a resumed run samples what an uninterrupted one would."""
+    return int(hashlib.sha256(f"{seed}:{k}".encode()).hexdigest()[:15], 16)
+
+
+def read_chunk(path: Path, start: int, stop: int, n_cols: int, n_ret: int) -> Optional[list[dict]]:
+    """The chunk's records, or None when it is missing or not exactly rows ``start..stop-1``."""
+    if not path.is_file():
+        return None
+    try:
+        recs = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if [r.get("row") for r in recs] != list(range(start, stop)):
+        return None
+    for r in recs:
+        if len(r.get("out", ())) != n_ret or any(len(v) != n_cols for v in r["out"]):
+            return None
+    return recs
+
+
+def _clean(v: Any) -> str:
+    return " ".join(str(v).split()) if isinstance(v, str) else ("" if v is None else str(v))
+
+
+def output_rows(data: InputData, parts: Path, n_chunks: int) -> Iterator[dict[str, Any]]:
+    for k in range(n_chunks):
+        for rec in (json.loads(ln) for ln in chunk_path(parts, k).read_text(encoding="utf-8").splitlines() if ln):
+            i = rec["row"]
+            for sides in rec["out"]:
+                row = {name: data.columns[name][i] for name in data.names}
+                row.update(zip(data.text_columns, sides, strict=True))
+                yield row
+
+
+def write_output(rows: list[dict[str, Any]], data: InputData, output: Path, fmt: str) -> None:
+    """Write all rows to a temporary sibling, then rename it over ``output`` (atomic)."""
+    names = data.names
+    if fmt in ("tsv", "txt"):
+        buf = io.StringIO()
+        if fmt == "txt":
+            for r in rows:
+                buf.write(_clean(r[data.text_columns[0]]) + "\n")
+        else:
+            if data.has_header:
+                buf.write("\t".join(names) + "\n")
+            for r in rows:
+                buf.write("\t".join(_clean(r[n]) for n in names) + "\n")
+        atomic_write_text(output, buf.getvalue())
+    elif fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        if data.has_header:
+            w.writerow(names)
+        for r in rows:
+            w.writerow([r[n] for n in names])
+        atomic_write_text(output, buf.getvalue())
+    elif fmt == "jsonl":
+        atomic_write_text(output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    elif fmt == "json":
+        atomic_write_text(output, json.dumps(rows, ensure_ascii=False, indent=1) + "\n")
+    elif fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            pq.write_table(pa.Table.from_pylist(rows), tmp)
+            os.replace(tmp, output)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

@@ -1,0 +1,89 @@
+"""Probe tasks on disk: each named task of a probe recipe read, split (seeded), subsampled and
+written once as ``train.jsonl`` / ``eval.jsonl`` + ``task.json``, so every stage and every probe of
+a ``finetune probe`` run reads exactly the same examples."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from finetune_cli.data import glue
+from finetune_cli.data.tasks import load_task_data, subsample
+from finetune_cli.errors import DataError
+from finetune_cli.fsutil import atomic_write_json, atomic_write_text
+from finetune_cli.recipe import DataConfig, ProbeTask
+
+
+def _label_names_for(d: DataConfig) -> Optional[list[str]]:
+    if d.label_names:
+        return list(d.label_names)
+    if d.dataset:
+        name, config = glue.parse_dataset(d.dataset)
+        task = glue.glue_task(name, config)
+        if task is not None and task.label_names:
+            return list(task.label_names)
+    return None
+
+
+def _write_jsonl(path: Path, table, names: list[str]) -> None:
+    cols = [c for c in ("text", "text_pair") if c in table.columns]
+    lines = []
+    for i in range(len(table)):
+        rec = {c: str(table.columns[c][i]) for c in cols}
+        rec["label"] = names[table.columns["label"][i]]
+        lines.append(json.dumps(rec, ensure_ascii=False))
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def materialize_task(name: str, task: ProbeTask, out: Path, seed: int, data_dir: Optional[Path]) -> dict[str, Any]:
+    """Read, split (seeded), subsample and write ``out/{train,eval}.jsonl``; return their description."""
+    meta_file = out / "task.json"
+    if meta_file.is_file() and (out / "train.jsonl").is_file() and (out / "eval.jsonl").is_file():
+        return json.loads(meta_file.read_text())
+    d = task.data
+    d = dataclasses.replace(d, label_names=_label_names_for(d))
+    s = d.seed if d.seed is not None else seed
+    required = ("text", "label")
+    try:
+        if task.split.source is None:
+            td = load_task_data(d, seed=seed, label_type="class", required_columns=required, data_dir=data_dir,
+                                need_train=True, need_eval=True, min_classes=2)
+            train, ev = td.train, td.eval
+        else:
+            sp = task.split
+            raw = dataclasses.replace(d, few_shot=None, max_train_samples=None, max_eval_samples=None)
+            if sp.source == "train":
+                raw = dataclasses.replace(raw, eval=None, eval_split=raw.train_split)
+                td = load_task_data(raw, seed=seed, label_type="class", required_columns=required,
+                                    data_dir=data_dir, need_train=True, min_classes=2)
+                whole = td.train
+            else:
+                raw = dataclasses.replace(raw, train=None)
+                td = load_task_data(raw, seed=seed, label_type="class", required_columns=required,
+                                    data_dir=data_dir, need_train=False, need_eval=True)
+                whole = td.eval
+            rng = np.random.default_rng(sp.seed if sp.seed is not None else s)
+            perm = rng.permutation(len(whole))
+            n_eval = max(1, int(round(sp.eval_fraction * len(whole))))
+            ev = whole.select(sorted(perm[:n_eval].tolist()))
+            train = whole.select(sorted(perm[n_eval:].tolist()))
+            if d.max_train_samples:
+                train = subsample(train, d.max_train_samples, s)
+            if d.max_eval_samples:
+                ev = subsample(ev, d.max_eval_samples, s)
+    except DataError as e:
+        raise DataError(f"task `{name}`: {e}") from None
+    names = td.label_names or []
+    if len(set(train.columns["label"])) < 2:
+        raise DataError(f"task `{name}`: the train part has fewer than two classes; a probe needs two")
+    out.mkdir(parents=True, exist_ok=True)
+    _write_jsonl(out / "train.jsonl", train, names)
+    _write_jsonl(out / "eval.jsonl", ev, names)
+    meta = {"task": name, "train": len(train), "eval": len(ev), "labels": names,
+            "pair": "text_pair" in train.columns}
+    atomic_write_json(meta_file, meta)
+    return meta

@@ -1,0 +1,17 @@
+"""What evaluating during training reports, by kind of evaluation (``train.metric`` is one of
+these). A light module: the recipe check reads it without importing scikit-learn."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+METRIC_NAMES: dict[str, tuple[str, ...]] = {
+    "class": ("accuracy", "f1_macro", "mcc"),
+    "float": ("pearson", "spearman"),
+    "similarity": ("spearman", "pearson"),
+}
+
+
+def metric_names(kind: Optional[str]) -> tuple[str, ...]:
+    """Metric names for ``kind`` (``class``, ``float``, ``similarity``); () when nothing is evaluated."""
+    return METRIC_NAMES.get(kind or "", ())
