@@ -34,6 +34,7 @@ import torch
 
 from finetune_cli.data.encode import EncodedData, collate, to_device
 from finetune_cli.data.sampling import epoch_batches
+from finetune_cli.engine.checkpoint_io import has_state, load_state, save_state
 from finetune_cli.engine.device import resolve_device
 from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, clean_stale_temps
@@ -205,11 +206,12 @@ class Trainer:
         if self.is_main:
             with atomic_dir(target) as tmp:
                 self.save_model_fn(self.unwrapped(), tmp / CHECKPOINT_MODEL)
-                torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-                torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+                # No pickle: these files are read back on resume (see engine/checkpoint_io.py).
+                save_state(self.optimizer.state_dict(), tmp, "optimizer")
+                save_state(self.scheduler.state_dict(), tmp, "scheduler")
                 if self.acc.scaler is not None:
-                    torch.save(self.acc.scaler.state_dict(), tmp / "scaler.pt")
-                torch.save(rng or capture_rng(), tmp / "rng.pt")
+                    save_state(self.acc.scaler.state_dict(), tmp, "scaler")
+                save_state(rng or capture_rng(), tmp, "rng")
                 (tmp / "recipe.yaml").write_text(self.recipe_yaml)
                 (tmp / STATE_FILE).write_text(json.dumps(asdict(self.state), indent=2))
             keep = {self.state.step}
@@ -221,12 +223,12 @@ class Trainer:
 
     def load_checkpoint(self, ck: Path) -> None:
         """Restore optimizer, scheduler, state and RNG (the model was loaded from ``ck/model``)."""
-        self.optimizer.load_state_dict(torch.load(ck / "optimizer.pt", map_location="cpu", weights_only=False))
-        self.scheduler.load_state_dict(torch.load(ck / "scheduler.pt", map_location="cpu", weights_only=False))
-        if self.acc.scaler is not None and (ck / "scaler.pt").is_file():
-            self.acc.scaler.load_state_dict(torch.load(ck / "scaler.pt", weights_only=False))
+        self.optimizer.load_state_dict(load_state(ck, "optimizer"))
+        self.scheduler.load_state_dict(load_state(ck, "scheduler"))
+        if self.acc.scaler is not None and has_state(ck, "scaler"):
+            self.acc.scaler.load_state_dict(load_state(ck, "scaler"))
         self.state = TrainState(**json.loads((ck / STATE_FILE).read_text()))
-        self._resume_rng = torch.load(ck / "rng.pt", weights_only=False)
+        self._resume_rng = load_state(ck, "rng")
         self._truncate_metrics(self.state.step)
 
     def _truncate_metrics(self, step: int) -> None:

@@ -135,24 +135,24 @@ def test_nan_loss_stops_with_step_and_keeps_checkpoint(tiny_recipe, tmp_path):
 def test_failed_checkpoint_write_leaves_nothing_half_written(tiny_recipe, tmp_path, monkeypatch):
     import finetune_cli.engine.trainer as tr
 
-    real_save = torch.save
+    real_save = tr.save_state
     state = {"n": 0}
 
-    def failing_save(obj, f, *a, **k):
-        if str(f).endswith("scheduler.pt"):
+    def failing_save(obj, directory, name):
+        if name == "scheduler":
             state["n"] += 1
             if state["n"] == 2:
                 raise OSError("disk full")
-        return real_save(obj, f, *a, **k)
+        return real_save(obj, directory, name)
 
-    monkeypatch.setattr(tr.torch, "save", failing_save)
+    monkeypatch.setattr(tr, "save_state", failing_save)
     with pytest.raises(OSError):
         _train(tiny_recipe("train.save_every=2"))
     d = tmp_path / "runs" / "tiny"
     names = sorted(p.name for p in d.iterdir())
     assert "checkpoint-2" in names and "checkpoint-4" not in names
     assert not [n for n in names if n.endswith(".tmp")]
-    monkeypatch.setattr(tr.torch, "save", real_save)
+    monkeypatch.setattr(tr, "save_state", real_save)
     out = _train(tiny_recipe("train.save_every=2"))
     assert out.resumed_from.name == "checkpoint-2" and out.summary["steps"] == 8
 
