@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -79,7 +80,7 @@ class DataConfig:
     few_shot: Optional[int] = field_spec(None, gt=0, help="keep N training examples per class (seeded)")
     max_train_samples: Optional[int] = field_spec(None, gt=0)
     max_eval_samples: Optional[int] = field_spec(None, gt=0)
-    seed: Optional[int] = field_spec(None, help="seed for sampling the data; default: train.seed")
+    seed: Optional[int] = field_spec(None, ge=0, le=2**63 - 1, help="seed for sampling the data; default: train.seed")
     group_by_length: bool = True
     eval_columns: Optional[ColumnMap] = field_spec(None, help="column map of the evaluation file when it differs from `columns` (e.g. STS pairs for SimCSE)")
     nli_triplets: bool = field_spec(False, help="build (anchor, positive, hard_neg) triplets from NLI rows (text=premise, text_pair=hypothesis, label)")
@@ -114,7 +115,7 @@ class TrainConfig:
     metric: Optional[str] = field_spec(None, help="evaluation metric that picks the best checkpoint; default: the "
                                                   "objective's first (accuracy, pearson or spearman)")
     greater_is_better: Optional[bool] = field_spec(None, help="default: True unless the metric is a loss")
-    seed: int = 42
+    seed: int = field_spec(42, ge=0, le=2**63 - 1)
     precision: str = field_spec("auto", choices=("auto", "fp32", "bf16", "fp16"))
     log_every: int = field_spec(10, gt=0)
 
@@ -137,8 +138,7 @@ class Recipe:
     # ---- derived -------------------------------------------------------------------------
     @property
     def run_dir(self) -> Path:
-        name = self.output.name or (Path(self.source).stem if self.source.endswith((".yaml", ".yml")) else "run")
-        return Path(self.output.dir) / name
+        return Path(self.output.dir) / (self.output.name or _stem(self.source, "run"))
 
     def to_dict(self) -> dict[str, Any]:
         return to_plain(self)
@@ -155,6 +155,14 @@ class Recipe:
             d["train"].pop("seed", None)
             d["data"].pop("seed", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _stem(source: str, default: str) -> str:
+    """The run name a recipe gives by default: its file's stem (``recipes/scl.yaml`` and the packaged
+    name ``scl`` both give ``scl``); ``default`` for a recipe built from the command line alone."""
+    if not source or source.startswith("<"):
+        return default
+    return Path(source).stem if source.endswith((".yaml", ".yml")) else (Path(source).name or default)
 
 
 # ---- plain <-> dataclass ---------------------------------------------------------------------
@@ -218,12 +226,18 @@ def coerce(value: Any, tp: Any, where: str, src: str) -> Any:
         if isinstance(value, str):
             # YAML 1.1 reads `1e-3` (no dot) as a string; accept any float literal.
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise RecipeError(f"`{where}` in {src} must be a number, got {value!r}")
-        return float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise RecipeError(f"`{where}` in {src} must be a finite number, got {value!r}")
+        return value
     if tp is str:
         if not isinstance(value, str):
             raise RecipeError(f"`{where}` in {src} must be a string, got {value!r}")
@@ -340,7 +354,9 @@ def resolve_recipe_path(recipe: str | Path) -> Path:
         if cand.is_file():
             return cand
     known = sorted(q.stem for q in PACKAGED_RECIPES.rglob("*.yaml"))
-    raise RecipeError(f"recipe file not found: {recipe}" + closest(str(p.stem), known).replace("valid keys", "packaged recipes"))
+    m = difflib.get_close_matches(p.stem, known, n=1, cutoff=0.75)
+    hint = f"; did you mean `{m[0]}`?" if m else f"; packaged recipes: {', '.join(known)}"
+    raise RecipeError(f"recipe file not found: {recipe}{hint}")
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -456,8 +472,7 @@ class ProbeRecipe:
 
     @property
     def out_dir(self) -> Path:
-        name = self.output.name or (Path(self.source).stem if self.source.endswith((".yaml", ".yml")) else "probe")
-        return Path(self.output.dir) / name
+        return Path(self.output.dir) / (self.output.name or _stem(self.source, "probe"))
 
     def to_dict(self) -> dict[str, Any]:
         return to_plain(self)

@@ -27,6 +27,7 @@ from finetune_cli.recipe import Recipe, build_recipe
 RECIPE = "recipe.yaml"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+EVAL = "eval.json"  # `finetune eval` of the run on its own evaluation data
 BEST = "best"
 FINAL = "final"
 STATE_FILE = "trainer_state.json"
@@ -136,6 +137,9 @@ def check_run_dir(run_dir: Path, recipe: Recipe, overwrite: bool,
     ``normalise`` is applied to the stored recipe before comparing (the caller's full validation)."""
     if not run_dir.exists() or not any(run_dir.iterdir()):
         return None
+    if nothing_trained(run_dir):  # a start that failed before its first step blocks nothing
+        (run_dir / RECIPE).unlink(missing_ok=True)
+        return None
     if overwrite:
         shutil.rmtree(run_dir)
         return None
@@ -152,6 +156,13 @@ def check_run_dir(run_dir: Path, recipe: Recipe, overwrite: bool,
         raise RunDirError(f"output directory {run_dir} holds a different run ({diff}); "
                           f"pass --overwrite to replace it, or set output.name")
     return old
+
+
+def nothing_trained(run_dir: Path) -> bool:
+    """True when ``run_dir`` holds a recipe and nothing else a run writes (hidden temp files and the
+    lock aside): a start that failed before training (bad metric, device, data) left it."""
+    entries = [p for p in run_dir.iterdir() if not p.name.startswith(".")]
+    return [p.name for p in entries] == [RECIPE]
 
 
 def first_difference(a: Any, b: Any, prefix: str = "") -> str:

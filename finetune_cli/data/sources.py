@@ -53,7 +53,7 @@ def detect_format(path: Path, fmt: str) -> str:
 
 
 def _rows_delimited(path: Path, delimiter: str, quoting: bool) -> list[list[str]]:
-    with path.open(encoding="utf-8", newline="") as f:
+    with path.open(encoding="utf-8-sig", newline="") as f:
         if quoting:
             return [row for row in csv.reader(f, delimiter=delimiter)]
         return [line.rstrip("\r\n").split(delimiter) for line in f if line.strip("\r\n")]
@@ -99,15 +99,22 @@ def read_file(path_str: str, colmap: Mapping[str, Optional[Col]], fmt: str = "au
                 cols[k].append(row[i])
         return Table(cols, path_str, row_ids=list(range(first_line, first_line + len(body))))
     if fmt in ("jsonl", "json"):
-        text = path.read_text(encoding="utf-8")
-        try:
-            if fmt == "jsonl":
-                records = [json.loads(line) for line in text.splitlines() if line.strip()]
-            else:
+        text = path.read_text(encoding="utf-8-sig")
+        if fmt == "jsonl":
+            records = []
+            for n, line in enumerate(text.splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"malformed JSON in {path_str}: {e.msg} at line {n}, column {e.colno}") from None
+        else:
+            try:
                 obj = json.loads(text)
-                records = obj.get("data", obj) if isinstance(obj, dict) else obj
-        except json.JSONDecodeError as e:
-            raise DataError(f"malformed JSON in {path_str}: {e.msg} at line {e.lineno}") from None
+            except json.JSONDecodeError as e:
+                raise DataError(f"malformed JSON in {path_str}: {e.msg} at line {e.lineno}") from None
+            records = obj.get("data", obj) if isinstance(obj, dict) else obj
         return _from_records(records, wanted, path_str)
     if fmt == "parquet":
         try:
@@ -116,7 +123,7 @@ def read_file(path_str: str, colmap: Mapping[str, Optional[Col]], fmt: str = "au
             raise DataError("reading parquet needs pyarrow (pip install 'finetune-cli[parquet]')") from None
         return _from_records(pq.read_table(path).to_pylist(), wanted, path_str)
     if fmt == "txt":
-        lines = [line.rstrip("\r\n") for line in path.open(encoding="utf-8")]
+        lines = [line.rstrip("\r\n") for line in path.open(encoding="utf-8-sig")]
         lines = [s for s in lines if s.strip()]
         text_col = next(iter(wanted), "text")
         return Table({text_col: lines}, path_str, row_ids=list(range(1, len(lines) + 1)))

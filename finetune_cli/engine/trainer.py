@@ -17,6 +17,7 @@ the same dropout masks and ends with the same weights as a run that never stoppe
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
@@ -54,6 +55,9 @@ class TrainState:
     evals_without_improvement: int = 0
     last_eval: dict[str, float] = field(default_factory=dict)
     stopped_early: bool = False
+    # An evaluation was under way when the run was interrupted: a resume runs it first, so the
+    # metrics (and best/, early stopping) are those of a run that never stopped.
+    eval_pending: bool = False
     # Loss sums since the last log line, so a resumed run logs the same averages.
     log_window: dict[str, float] = field(default_factory=dict)
     log_window_steps: int = 0
@@ -229,14 +233,20 @@ class Trainer:
             self.acc.scaler.load_state_dict(load_state(ck, "scaler"))
         self.state = TrainState(**json.loads((ck / STATE_FILE).read_text()))
         self._resume_rng = load_state(ck, "rng")
-        self._truncate_metrics(self.state.step)
+        self._truncate_metrics(self.state.step, drop_eval=self.state.eval_pending)
 
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metric lines logged after the checkpoint we resume from (they will be logged again)."""
+    def _truncate_metrics(self, step: int, drop_eval: bool = False) -> None:
+        """Drop metric lines logged after the checkpoint we resume from (they will be logged again),
+        and its own evaluation line when that evaluation is to be rerun (``drop_eval``)."""
         f = self.run_dir / METRICS
         if not (self.is_main and f.is_file()):
             return
-        keep = [ln for ln in f.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+
+        def keep_line(rec: dict) -> bool:
+            at = rec.get("step", 0)
+            return at < step or (at == step and not (drop_eval and any(k.startswith("eval/") for k in rec)))
+
+        keep = [ln for ln in f.read_text().splitlines() if ln.strip() and keep_line(json.loads(ln))]
         atomic_write_text(f, "".join(ln + "\n" for ln in keep))
 
     def _log_metrics(self, record: dict[str, Any]) -> None:
@@ -275,6 +285,18 @@ class Trainer:
             st.stopped_early = True
         return metrics
 
+    def _evaluate_step(self, progress) -> None:
+        """Evaluate at this step; if interrupted, leave the state as it was before the evaluation
+        began (with ``eval_pending``) so the checkpoint written on the way out reruns it whole."""
+        before = copy.deepcopy(self.state)
+        try:
+            self._evaluate(progress)
+        except KeyboardInterrupt:
+            before.eval_pending = True
+            self.state = before
+            raise
+        self.state.eval_pending = False
+
     # ---- the loop -----------------------------------------------------------------------------
     def _on_signal(self, signum, frame):  # SIGTERM -> same path as Ctrl-C
         raise KeyboardInterrupt
@@ -304,6 +326,9 @@ class Trainer:
         try:
             with self.ui.progress(self.total_steps, "train") as progress:
                 progress.update(st.step)
+                if st.eval_pending:  # interrupted during this step's evaluation: finish it first
+                    self._evaluate_step(progress)
+                    self.save_checkpoint(rng=rng_at_step_start)
                 epoch = st.epoch
                 while st.step < self.total_steps and not st.stopped_early:
                     batches = epoch_batches(self.sampler, self.train_data.lengths, self.train_data.labels,
@@ -369,7 +394,7 @@ class Trainer:
                         else:
                             progress.update(st.step)
                         if st.step % eval_every == 0 or st.step == self.total_steps:
-                            self._evaluate(progress)
+                            self._evaluate_step(progress)
                             last_eval_step = st.step
                         if st.step % save_every == 0 or st.step == self.total_steps or st.stopped_early:
                             self.save_checkpoint()
@@ -380,7 +405,7 @@ class Trainer:
                         epoch += 1
                         st.epoch, st.batch_in_epoch = epoch, 0
                 if st.step != last_eval_step:
-                    self._evaluate(progress)
+                    self._evaluate_step(progress)
                 if st.step != last_save_step:
                     self.save_checkpoint()
         except KeyboardInterrupt:

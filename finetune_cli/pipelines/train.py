@@ -46,10 +46,11 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
         ui.log(f"run {run_dir} is already complete (summary.json); pass --overwrite to train again")
         return TrainOutcome(run_dir, summary, already_complete=True)
 
-    ui.rule(f"finetune train · {recipe.objective.name} · {run_dir}")
-    ui.log(recipe.to_yaml().rstrip())
     data = load_data(recipe, cls, data_dir_from_env(data_dir), need_train=True)
     assert data.train is not None
+    # After the data loaded: a data error is one line, not the recipe echo and then the error.
+    ui.rule(f"finetune train · {recipe.objective.name} · {run_dir}")
+    ui.log(recipe.to_yaml().rstrip())
     ui.log(f"data: {len(data.train)} train" + (f", {len(data.eval)} eval" if data.eval is not None else "")
            + (f"; labels: {', '.join(data.label_names)}" if data.label_names else ""))
 
