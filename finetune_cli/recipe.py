@@ -126,8 +126,18 @@ class OutputConfig:
     name: Optional[str] = field_spec(None, help="run name; default: the recipe file's stem")
 
 
+class _Plain:
+    """``to_dict`` / ``to_yaml`` of a recipe dataclass (training or probe)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+
+
 @dataclass(frozen=True)
-class Recipe:
+class Recipe(_Plain):
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
@@ -139,12 +149,6 @@ class Recipe:
     @property
     def run_dir(self) -> Path:
         return Path(self.output.dir) / (self.output.name or _stem(self.source, "run"))
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_plain(self)
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
 
     def fingerprint(self, ignore_seeds: bool = False) -> str:
         """Hash of everything that changes what a run computes (output location excluded).
@@ -462,7 +466,7 @@ class ProbeSection:
 
 
 @dataclass(frozen=True)
-class ProbeRecipe:
+class ProbeRecipe(_Plain):
     model: ModelConfig = field(default_factory=ModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -473,12 +477,6 @@ class ProbeRecipe:
     @property
     def out_dir(self) -> Path:
         return Path(self.output.dir) / (self.output.name or _stem(self.source, "probe"))
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_plain(self)
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
 
 
 def build_probe_recipe(data: Mapping[str, Any], source: str) -> ProbeRecipe:

@@ -153,3 +153,19 @@ def test_an_unreachable_hub_fails_fast(monkeypatch):
     assert time.perf_counter() - t0 < 2 and len(tries) == 1 and tries[0][1] <= 5
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # offline: no attempt at all, the loader's cache message
     assert resolve_model("someorg/some-model") == ("someorg/some-model", False) and len(tries) == 1
+
+
+def test_data_paths_resolve_against_the_data_dir(tmp_path, monkeypatch):
+    """`data:` paths follow --data-dir (exported for the run), from any working directory."""
+    from finetune_cli.data.sources import resolve_path
+    from finetune_cli.data.tasks import data_dir_from_env
+    from finetune_cli.errors import DataError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match="pass --data-dir"):
+        resolve_path("data:STS-B/dev.tsv")
+    (tmp_path / "d" / "STS-B").mkdir(parents=True)
+    data_dir_from_env(str(tmp_path / "d"))
+    assert resolve_path("data:STS-B/dev.tsv") == tmp_path / "d" / "STS-B" / "dev.tsv"
+    assert resolve_path("rel/x.tsv") == Path("rel/x.tsv")  # plain relative paths: the current directory
+    assert load_recipe("simcse_unsup").data.train.startswith("data:")
