@@ -134,20 +134,56 @@ def make_accelerator(device: str, precision: str):
     return Accelerator(cpu=use_cpu, mixed_precision=mp)
 
 
+ENCODER_PREFIX = "encoder."
+
+
+def freeze_encoder(model: torch.nn.Module) -> int:
+    """Stop gradients into the encoder (``train.freeze_encoder``): only the heads train. Returns the
+    number of parameters frozen. Features are then a fixed function of the input, so no autograd
+    graph is built through the encoder and a step costs one forward pass of it."""
+    n = 0
+    for name, p in model.named_parameters():
+        if name.startswith(ENCODER_PREFIX):
+            p.requires_grad_(False)
+            n += p.numel()
+    return n
+
+
+def set_train_mode(model: torch.nn.Module, frozen_encoder: bool) -> None:
+    """``model.train()``, except that a frozen encoder stays in eval mode: frozen *features* are the
+    point of head-only training (with dropout on, every epoch would see different features)."""
+    model.train()
+    if frozen_encoder:
+        for name, m in model.named_modules():
+            if name + "." == ENCODER_PREFIX:
+                m.eval()
+
+
 def _param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
-    """No weight decay on biases and norms (BERT's recipe); the new heads may get their own lr."""
+    """No weight decay on biases and norms (BERT's recipe); the new heads may get their own lr.
+    Frozen parameters (``requires_grad`` off, e.g. ``train.freeze_encoder``) are left out."""
     groups: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         no_decay = p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name or name.endswith(".bias")
-        head = not name.startswith("encoder.")
+        head = not name.startswith(ENCODER_PREFIX)
         groups.setdefault((no_decay, head), []).append(p)
     out = []
     for (no_decay, head), params in sorted(groups.items()):
         out.append({"params": params, "weight_decay": 0.0 if no_decay else cfg.weight_decay,
                     "lr": (cfg.head_lr or cfg.lr) if head else cfg.lr})
     return out
+
+
+def eval_interval(cfg: TrainConfig, steps_per_epoch: int, total_steps: int) -> int:
+    """Steps between evaluations: ``eval_every`` (default once per epoch), shortened so that a run
+    evaluates at least ``min_evals`` times. Few-shot runs are a few steps per epoch and can be
+    shorter than ``eval_every``; this keeps ``best/`` and early stopping meaningful for them."""
+    every = cfg.eval_every or steps_per_epoch
+    if cfg.min_evals:
+        every = min(every, max(1, total_steps // cfg.min_evals))
+    return every
 
 
 class Trainer:
@@ -182,7 +218,12 @@ class Trainer:
         if self.steps_per_epoch == 0:
             raise TrainingError(f"training set of {len(train_data)} examples gives no full step with batch size "
                                 f"{cfg.batch_size} on {self.world} processes")
-        self.total_steps = cfg.max_steps or math.ceil(cfg.epochs * self.steps_per_epoch)
+        self.total_steps = cfg.max_steps or max(math.ceil(cfg.epochs * self.steps_per_epoch), cfg.min_steps or 0)
+        if cfg.freeze_encoder and freeze_encoder(model) == 0:
+            raise TrainingError(f"train.freeze_encoder: the model has no `{ENCODER_PREFIX}*` parameters to freeze")
+        if not any(p.requires_grad for p in model.parameters()):
+            raise TrainingError("nothing to train: train.freeze_encoder is on and the model has no head "
+                                "(use a classification objective)")
         # Fused AdamW on CUDA: one kernel for the whole update instead of a few per tensor.
         fused = self.acc.device.type == "cuda"
         opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, fused=fused)
@@ -262,7 +303,7 @@ class Trainer:
         model.eval()
         with torch.no_grad(), self.acc.autocast():
             metrics = self.evaluate_fn(model)
-        model.train()
+        set_train_mode(model, self.cfg.freeze_encoder)
         if self.cfg.metric not in metrics:
             raise TrainingError(f"train.metric `{self.cfg.metric}` is not computed here (have: {', '.join(metrics)})")
         st = self.state
@@ -316,8 +357,8 @@ class Trainer:
             signal.signal(signal.SIGTERM, self._on_signal)
         except ValueError:  # not the main thread
             old_handler = None
-        self.model.train()
-        eval_every = cfg.eval_every or self.steps_per_epoch
+        set_train_mode(self.unwrapped(), cfg.freeze_encoder)
+        eval_every = eval_interval(cfg, self.steps_per_epoch, self.total_steps)
         save_every = cfg.save_every or eval_every
         last_eval_step = st.step if resume_from is not None else -1
         last_save_step = st.step if resume_from is not None else -1
