@@ -101,7 +101,8 @@ class TrainConfig:
     epochs: float = field_spec(3.0, gt=0)
     max_steps: Optional[int] = field_spec(None, gt=0, help="stop after this many optimizer steps (overrides epochs)")
     min_steps: Optional[int] = field_spec(None, gt=0, help="train at least this many optimizer steps, repeating epochs "
-                                                          "(few-shot runs: a budget in steps, not epochs)")
+                                                          "(few-shot runs: a budget in steps, not epochs); "
+                                                          "max_steps, when set, decides alone")
     batch_size: int = field_spec(32, gt=0)
     eval_batch_size: int = field_spec(128, gt=0)
     lr: float = field_spec(2e-5, gt=0)
@@ -111,8 +112,8 @@ class TrainConfig:
     grad_accum: int = field_spec(1, gt=0)
     max_grad_norm: Optional[float] = field_spec(1.0, gt=0)
     eval_every: Optional[int] = field_spec(None, gt=0, help="evaluate every N optimizer steps; default: once per epoch")
-    min_evals: Optional[int] = field_spec(None, gt=0, help="evaluate at least N times, evenly spaced over the run "
-                                                          "(shortens eval_every when the run is short)")
+    min_evals: Optional[int] = field_spec(None, gt=0, help="evaluate about N times, evenly spaced over the run, "
+                                                          "instead of once per epoch (shortens a longer eval_every)")
     save_every: Optional[int] = field_spec(None, gt=0, help="checkpoint every N steps; default: at each evaluation")
     keep_checkpoints: int = field_spec(2, ge=1)
     early_stopping_patience: Optional[int] = field_spec(None, gt=0, help="stop after N evaluations without improvement")
@@ -424,10 +425,6 @@ def _cross_checks(r: Recipe) -> None:
     d, src = r.data, r.source
     if d.dataset and (d.train or d.eval):
         raise RecipeError(f"`data.dataset` and `data.train`/`data.eval` in {src} are exclusive; use one")
-    t = r.train
-    if t.min_steps and t.max_steps and t.min_steps > t.max_steps:
-        raise RecipeError(f"`train.min_steps` ({t.min_steps}) in {src} is larger than `train.max_steps` "
-                          f"({t.max_steps}); drop one")
     if d.few_shot and d.max_train_samples:
         raise RecipeError(f"`data.few_shot` and `data.max_train_samples` in {src} are exclusive; use one")
 

@@ -177,13 +177,15 @@ def _param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict[str, An
 
 
 def eval_interval(cfg: TrainConfig, steps_per_epoch: int, total_steps: int) -> int:
-    """Steps between evaluations: ``eval_every`` (default once per epoch), shortened so that a run
-    evaluates at least ``min_evals`` times. Few-shot runs are a few steps per epoch and can be
-    shorter than ``eval_every``; this keeps ``best/`` and early stopping meaningful for them."""
-    every = cfg.eval_every or steps_per_epoch
-    if cfg.min_evals:
-        every = min(every, max(1, total_steps // cfg.min_evals))
-    return every
+    """Steps between evaluations. ``min_evals`` ties the cadence to the step budget: without
+    ``eval_every`` the run evaluates every ``total_steps // min_evals`` steps instead of once per
+    epoch (a 40-example epoch is 3 steps: per-epoch evaluation would dominate the run), and an
+    ``eval_every`` longer than that is shortened (a few-shot run can be shorter than
+    ``eval_every``), so ``best/`` and early stopping act in every run."""
+    if not cfg.min_evals:
+        return cfg.eval_every or steps_per_epoch
+    every = max(1, total_steps // cfg.min_evals)
+    return min(cfg.eval_every, every) if cfg.eval_every else every
 
 
 class Trainer:

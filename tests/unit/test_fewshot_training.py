@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import load_file
 
 from finetune_cli.engine.trainer import eval_interval
-from finetune_cli.errors import RecipeError
 from finetune_cli.pipelines.recipes import load_recipe
 from finetune_cli.pipelines.train import run_train
 from finetune_cli.recipe import TrainConfig
@@ -81,11 +80,14 @@ def test_eval_interval():
     assert eval_interval(TrainConfig(eval_every=500, min_evals=10), 8, 80) == 8
     assert eval_interval(TrainConfig(eval_every=5, min_evals=2), 8, 80) == 5  # already more often
     assert eval_interval(TrainConfig(min_evals=50), 8, 20) == 1
+    # few-shot: 3 steps an epoch, 200 steps: 10 evaluations, not 67
+    assert eval_interval(TrainConfig(min_evals=10), 3, 200) == 20
 
 
-def test_min_steps_above_max_steps_is_refused():
-    with pytest.raises(RecipeError, match="min_steps.*max_steps"):
-        load_recipe(None, ["train.min_steps=10", "train.max_steps=5"])
+def test_max_steps_decides_alone(tiny_recipe):
+    """``max_steps`` is the explicit budget (a quick ``train.max_steps=2`` on a few-shot recipe works)."""
+    out = _train(tiny_recipe("train.min_steps=20", "train.max_steps=3"))
+    assert out.summary["steps"] == out.summary["total_steps"] == 3
 
 
 def test_freeze_encoder_freezes_exactly_the_encoder(tiny_model_dir):
