@@ -197,7 +197,7 @@ def schedule_text(t) -> str:
              + (f", at least {t.min_steps} steps" if t.min_steps else ""))
     return (f"{steps}, batch {t.batch_size}, lr {t.lr:g} (heads {t.head_lr or t.lr:g}), warm-up {t.warmup_ratio:g}"
             + (", encoder frozen" if t.freeze_encoder else "")
-            + (f", ≥ {t.min_evals} evaluations" if t.min_evals else ""))
+            + (f", ~{t.min_evals} evaluations" if t.min_evals else ""))
 
 
 def prune(run_dir: Path, keep: str) -> None:
@@ -331,7 +331,8 @@ def main(argv=None) -> int:
                     f"ECE {ev['calibration']['ece']:.4f}" + ("  (reused)" if o.already_complete and done else ""))
             per_run.append({"shots": n, "objective": label, "wall_s": sum(cost[str(k)]["wall_s"] for k in done_seeds),
                             "cpu_s": sum(cost[str(k)]["cpu_s"] for k in done_seeds)})
-            dirs.append(str(Path(args.out) / f"n{n}" / label))
+            # The seed folders of this invocation (an unfinished seed of another invocation stays out).
+            dirs += [str(Path(args.out) / f"n{n}" / label / f"seed-{k}") for k in done_seeds]
         if base is None:  # anchors only: the data section of the CE recipe draws the same samples
             base = load_recipe(base_recipe_name("ce", args.recipes), study_overrides(args, "ce", [], n, train_file,
                                                                                      select, "ce"))
