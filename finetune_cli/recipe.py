@@ -364,8 +364,10 @@ def resolve_recipe_path(recipe: str | Path) -> Path:
     for cand in (PACKAGED_RECIPES / f"{recipe}.yaml", PACKAGED_RECIPES / str(recipe)):
         if cand.is_file():
             return cand
-    known = sorted(q.stem for q in PACKAGED_RECIPES.rglob("*.yaml"))
-    m = difflib.get_close_matches(p.stem, known, n=1, cutoff=0.75)
+    # Names as `finetune train -r` takes them: `scl`, `fewshot/scl` (sub-folders keep their prefix).
+    known = sorted(q.relative_to(PACKAGED_RECIPES).with_suffix("").as_posix() for q in PACKAGED_RECIPES.rglob("*.yaml"))
+    m = difflib.get_close_matches(p.with_suffix("").as_posix() if p.suffix in (".yaml", ".yml") else str(recipe),
+                                  known, n=1, cutoff=0.75)
     hint = f"; did you mean `{m[0]}`?" if m else f"; packaged recipes: {', '.join(known)}"
     raise RecipeError(f"recipe file not found: {recipe}{hint}")
 
