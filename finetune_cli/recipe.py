@@ -115,6 +115,12 @@ class TrainConfig:
     seed: int = 42
     precision: str = _f("auto", choices=("auto", "fp32", "bf16", "fp16"))
     log_every: int = _f(10, gt=0)
+    report_to: list[str] = _f(default_factory=list, help="experiment trackers fed through accelerate: "
+                              "tensorboard, mlflow, trackio, wandb (default: none; metrics.jsonl always)")
+
+
+# Tracker name -> the module it needs; the pip extra has the tracker's name.
+TRACKERS: dict[str, str] = {"tensorboard": "tensorboard", "mlflow": "mlflow", "trackio": "trackio", "wandb": "wandb"}
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,7 @@ class Recipe:
         """Hash of everything that changes what a run computes (output location excluded)."""
         d = self.to_dict()
         d.pop("output", None)
+        d["train"].pop("report_to", None)  # where metrics are also sent does not change the run
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -382,3 +389,22 @@ def _cross_checks(r: Recipe) -> None:
         raise RecipeError(f"`data.dataset` and `data.train`/`data.eval` in {src} are exclusive; use one")
     if d.few_shot and d.max_train_samples:
         raise RecipeError(f"`data.few_shot` and `data.max_train_samples` in {src} are exclusive; use one")
+    _check_trackers(r.train.report_to, src)
+
+
+def _check_trackers(names: Sequence[str], src: str) -> None:
+    """Known tracker names whose package is installed; checked here so a missing package fails
+    before any model loads (``find_spec`` imports nothing)."""
+    import importlib.util
+
+    for i, name in enumerate(names):
+        if name not in TRACKERS:
+            m = difflib.get_close_matches(str(name), list(TRACKERS), n=1, cutoff=0.5)
+            hint = f"; did you mean `{m[0]}`?" if m else ""
+            raise RecipeError(f"`train.report_to[{i}]` in {src}: unknown tracker {name!r} "
+                              f"(choose from {', '.join(TRACKERS)}){hint}")
+        if names.count(name) > 1:
+            raise RecipeError(f"`train.report_to` in {src} lists {name} twice")
+        if importlib.util.find_spec(TRACKERS[name]) is None:
+            raise RecipeError(f"`train.report_to` in {src} asks for {name}, which is not installed: "
+                              f"pip install 'finetune-cli[{name}]'")
