@@ -10,6 +10,7 @@ from finetune_cli.cli.augment import augment
 from finetune_cli.cli.embed import embed_cmd
 from finetune_cli.cli.eval import eval_cmd
 from finetune_cli.cli.report import report_cmd
+from finetune_cli.cli.sweep import sweep_cmd
 from finetune_cli.cli.train import train
 
 # Exit codes, shown by `finetune --help`; scripts (and examples/ci_gate.sh) rely on them.
@@ -34,6 +35,7 @@ app.command("embed")(embed_cmd)
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(probe.app, name="probe")
 app.command("report")(report_cmd)
+app.command("sweep")(sweep_cmd)
 
 
 def _version(value: bool) -> None:
