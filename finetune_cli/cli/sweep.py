@@ -35,7 +35,7 @@ def sweep_cmd(
     direction: Annotated[Optional[str], typer.Option(
         "--direction", help="maximize | minimize (default: minimize for a loss, else maximize).")] = None,
     out: Annotated[Optional[str], typer.Option(
-        "--out", help="Sweep directory (default: <output.dir>/sweep-<run name>).")] = None,
+        "--out", help="Sweep directory (default: <output.dir>/sweep-<output.name or recipe name>).")] = None,
     sampler_seed: Annotated[int, typer.Option("--sampler-seed", help="Seed of the TPE sampler.")] = 0,
     prune: Annotated[bool, typer.Option("--prune/--no-prune", help="Median pruning on the evaluations "
                                                                    "during training.")] = True,

@@ -244,7 +244,9 @@ def run_sweep(recipe_path: str, overrides: Sequence[str], params: Sequence[str],
     direction = direction or ("minimize" if "loss" in metric else "maximize")
     optuna = _import_optuna()
 
-    sweep_dir = Path(out) if out else Path(base.output.dir) / f"sweep-{base.run_dir.name}"
+    # named after output.name, else the recipe's name (`-r scl` and `-r recipes/scl.yaml` -> sweep-scl)
+    name = base.output.name or Path(recipe_path).stem
+    sweep_dir = Path(out) if out else Path(base.output.dir) / f"sweep-{name}"
     sweep_dir.mkdir(parents=True, exist_ok=True)
     cfg = _config(base, specs, seeds, metric, direction)
     cfg_file = sweep_dir / "sweep.json"
@@ -370,7 +372,7 @@ def _get(recipe: Recipe, key: str) -> Any:
 def _write_best(recipe_path: str, overrides: Sequence[str], best_over: Sequence[str], base: Recipe,
                 sweep_dir: Path) -> Path:
     """``best.yaml``: the best trial's resolved recipe, output next to the base recipe's runs."""
-    name = f"{base.run_dir.name}-best"
+    name = f"{base.output.name or Path(recipe_path).stem}-best"
     r = load_recipe(recipe_path, [*overrides, *best_over, f"output.dir={base.output.dir}", f"output.name={name}"])
     path = sweep_dir / "best.yaml"
     head = f"# best trial of the sweep in {sweep_dir}: {' '.join(best_over)}\n"
