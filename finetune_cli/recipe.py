@@ -118,6 +118,12 @@ class TrainConfig:
     seed: int = field_spec(42, ge=0, le=2**63 - 1)
     precision: str = field_spec("auto", choices=("auto", "fp32", "bf16", "fp16"))
     log_every: int = field_spec(10, gt=0)
+    report_to: list[str] = field_spec(default_factory=list, help="experiment trackers fed through accelerate: "
+                              "tensorboard, mlflow, trackio, wandb (default: none; metrics.jsonl always)")
+
+
+# Tracker name -> the module it needs; the pip extra has the tracker's name.
+TRACKERS: dict[str, str] = {"tensorboard": "tensorboard", "mlflow": "mlflow", "trackio": "trackio", "wandb": "wandb"}
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,7 @@ class Recipe(_Plain):
         if ignore_seeds:
             d["train"].pop("seed", None)
             d["data"].pop("seed", None)
+        d["train"].pop("report_to", None)  # where metrics are also sent does not change the run
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -420,6 +427,25 @@ def _cross_checks(r: Recipe) -> None:
         raise RecipeError(f"`data.dataset` and `data.train`/`data.eval` in {src} are exclusive; use one")
     if d.few_shot and d.max_train_samples:
         raise RecipeError(f"`data.few_shot` and `data.max_train_samples` in {src} are exclusive; use one")
+    _check_trackers(r.train.report_to, src)
+
+
+def _check_trackers(names: Sequence[str], src: str) -> None:
+    """Known tracker names whose package is installed; checked here so a missing package fails
+    before any model loads (``find_spec`` imports nothing)."""
+    import importlib.util
+
+    for i, name in enumerate(names):
+        if name not in TRACKERS:
+            m = difflib.get_close_matches(str(name), list(TRACKERS), n=1, cutoff=0.5)
+            hint = f"; did you mean `{m[0]}`?" if m else ""
+            raise RecipeError(f"`train.report_to[{i}]` in {src}: unknown tracker {name!r} "
+                              f"(choose from {', '.join(TRACKERS)}){hint}")
+        if names.count(name) > 1:
+            raise RecipeError(f"`train.report_to` in {src} lists {name} twice")
+        if importlib.util.find_spec(TRACKERS[name]) is None:
+            raise RecipeError(f"`train.report_to` in {src} asks for {name}, which is not installed: "
+                              f"pip install 'finetune-cli[{name}]'")
 
 
 # ---- probe recipes ----------------------------------------------------------------------------

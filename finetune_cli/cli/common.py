@@ -23,6 +23,9 @@ DataDirOpt = Annotated[Optional[str], typer.Option(
                        "for glue:* datasets. Default: $FINETUNE_DATA_DIR.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON document on stdout.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Only errors on stderr.")]
+ExpectOpt = Annotated[Optional[list[str]], typer.Option(
+    "--expect", help="Quality gate, e.g. 'accuracy>=0.85' or 'ece<=0.05' (repeatable): exit 4 with one line "
+                     "naming the metric, its value and the bound when one fails.", show_default=False)]
 
 
 def _json_safe(obj: Any) -> Any:

@@ -10,13 +10,22 @@ from finetune_cli.cli.augment import augment
 from finetune_cli.cli.embed import embed_cmd
 from finetune_cli.cli.eval import eval_cmd
 from finetune_cli.cli.report import report_cmd
+from finetune_cli.cli.sweep import sweep_cmd
 from finetune_cli.cli.train import train
+
+# Exit codes, shown by `finetune --help`; scripts (and examples/ci_gate.sh) rely on them.
+EXIT_CODES_EPILOG = (
+    "Exit codes: 0 success · 2 bad input (recipe, data, model, option, unknown metric) · "
+    "3 training failed (e.g. a non-finite loss) · 4 a quality gate (--expect) failed · "
+    "130 interrupted (rerun the command to resume)."
+)
 
 app = typer.Typer(
     name="finetune",
     help="Fine-tune pre-trained text encoders with modern objectives, and measure what they do.",
+    epilog=EXIT_CODES_EPILOG,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     pretty_exceptions_enable=False,
 )
 app.command("train")(train)
@@ -26,6 +35,7 @@ app.command("embed")(embed_cmd)
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(probe.app, name="probe")
 app.command("report")(report_cmd)
+app.command("sweep")(sweep_cmd)
 
 
 def _version(value: bool) -> None:

@@ -20,7 +20,6 @@ from finetune_cli.errors import DataError
 from finetune_cli.recipe import DataConfig
 
 
-
 @dataclass
 class TaskData:
     train: Optional[Table]

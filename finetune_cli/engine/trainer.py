@@ -35,6 +35,7 @@ import torch
 
 from finetune_cli.data.encode import EncodedData, collate, to_device
 from finetune_cli.data.sampling import epoch_batches
+from finetune_cli.engine import device_info, tracking
 from finetune_cli.engine.checkpoint_io import has_state, load_state, save_state
 from finetune_cli.engine.device import resolve_device
 from finetune_cli.errors import TrainingError
@@ -71,6 +72,8 @@ class TrainResult:
     precision: str
     samples_per_second: float
     interrupted: bool = False
+    device_name: str = ""  # e.g. "cuda:0 NVIDIA H100 80GB HBM3" or "cpu ×2 threads"
+    gpu_mem_peak_gb: Optional[float] = None  # CUDA only
 
 
 class Interrupted(Exception):
@@ -106,9 +109,10 @@ def seed_everything(seed: int) -> None:
 
 # ---- device -----------------------------------------------------------------------------------
 
-def make_accelerator(device: str, precision: str):
+def make_accelerator(device: str, precision: str, **tracking_kwargs):
     """``device``: auto | cpu | cuda | cuda:N. ``precision``: auto (bf16 on a GPU that has it) |
-    fp32 | bf16 | fp16 (fp16 uses a gradient scaler; GPU only)."""
+    fp32 | bf16 | fp16 (fp16 uses a gradient scaler; GPU only). ``tracking_kwargs``: ``log_with``
+    and ``project_dir`` for experiment trackers (see ``engine.tracking``)."""
     from accelerate import Accelerator
 
     dev = resolve_device(device)
@@ -131,7 +135,7 @@ def make_accelerator(device: str, precision: str):
         if use_cpu and precision == "fp16":
             raise TrainingError("precision fp16 needs a GPU; use fp32 or bf16 on the CPU")
         mp = precision
-    return Accelerator(cpu=use_cpu, mixed_precision=mp)
+    return Accelerator(cpu=use_cpu, mixed_precision=mp, **tracking_kwargs)
 
 
 def _param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -174,7 +178,9 @@ class Trainer:
         self.train_data, self.pad_id = train_data, pad_id
         self.save_model_fn, self.evaluate_fn = save_model, evaluate
         self.recipe_yaml, self.sampler, self.callbacks = recipe_yaml, sampler, list(callbacks)
-        self.acc = make_accelerator(device, cfg.precision)
+        self.acc = make_accelerator(device, cfg.precision,
+                                    **tracking.accelerator_kwargs(cfg.report_to, self.run_dir))
+        self.device_name = device_info.describe(self.acc.device)
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
         self.steps_per_epoch = math.ceil(len(epoch_batches(sampler, train_data.lengths, train_data.labels,
                                                            cfg.batch_size, cfg.seed, 0, self.rank, self.world))
@@ -253,6 +259,7 @@ class Trainer:
         if self.is_main:
             with (self.run_dir / METRICS).open("a") as f:
                 f.write(json.dumps(record) + "\n")
+        tracking.log(self.acc, record)
 
     # ---- evaluation ---------------------------------------------------------------------------
     def _evaluate(self, progress) -> Optional[dict[str, float]]:
@@ -311,6 +318,11 @@ class Trainer:
             restore_rng(self._resume_rng)
         else:
             seed_everything(cfg.seed)
+        import yaml
+
+        tracking.start(self.acc, cfg.report_to, self.run_dir, yaml.safe_load(self.recipe_yaml) or {},
+                       resuming=resume_from is not None)
+        device_info.reset_peak(self.acc.device)
         old_handler = signal.getsignal(signal.SIGTERM)
         try:
             signal.signal(signal.SIGTERM, self._on_signal)
@@ -324,7 +336,9 @@ class Trainer:
         window_samples, window_time = 0, 0.0
         rng_at_step_start = capture_rng()
         try:
-            with self.ui.progress(self.total_steps, "train") as progress:
+            with self.ui.progress(self.total_steps, f"train · {self.device_name}") as progress:
+                progress.log(f"training on {self.device_name} ({self.acc.mixed_precision} mixed precision, "
+                             f"{self.world} process{'es' if self.world > 1 else ''})")
                 progress.update(st.step)
                 if st.eval_pending:  # interrupted during this step's evaluation: finish it first
                     self._evaluate_step(progress)
@@ -386,8 +400,12 @@ class Trainer:
                                    "lr": self.scheduler.get_last_lr()[0],
                                    **{k: v / st.log_window_steps for k, v in st.log_window.items()},
                                    "samples_per_s": window_samples / el if el > 0 else None}
+                            mem = device_info.memory(self.acc.device)
+                            rec.update(mem or {})
                             self._log_metrics(rec)
                             info = f"loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  {rec['samples_per_s'] or 0:.1f} sent/s"
+                            if mem:
+                                info += "  " + device_info.memory_text(mem)
                             progress.update(st.step, info, force_line=True)
                             st.log_window, st.log_window_steps = {}, 0
                             window_samples, window_time = 0, 0.0
@@ -416,6 +434,9 @@ class Trainer:
         finally:
             if old_handler is not None:
                 signal.signal(signal.SIGTERM, old_handler)
+            tracking.finish(self.acc)
         sps = st.samples_seen / st.train_seconds if st.train_seconds > 0 else 0.0
-        return TrainResult(st, self.total_steps, str(self.acc.device), self.acc.mixed_precision, sps)
+        mem = device_info.memory(self.acc.device)
+        return TrainResult(st, self.total_steps, str(self.acc.device), self.acc.mixed_precision, sps,
+                           device_name=self.device_name, gpu_mem_peak_gb=mem["gpu_mem_peak_gb"] if mem else None)
 

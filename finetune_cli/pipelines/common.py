@@ -9,17 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
-
 from finetune_cli.data import EncodedData, TaskData, encode_table, load_task_data
-from finetune_cli.engine.inference import forward_all
-from finetune_cli.errors import DataError
-from finetune_cli.metrics import classification_metrics
+from finetune_cli.engine.evaluation import make_classifier_eval, make_similarity_eval
 from finetune_cli.models.text_model import HeadSpec
 from finetune_cli.objectives import registry
 from finetune_cli.recipe import Recipe
-
-TEXT_COLUMNS = ("text", "text_pair")
 
 
 def objective_class(recipe: Recipe):
@@ -75,27 +69,6 @@ def encode(recipe: Recipe, cls, table, tokenizer) -> EncodedData:
     return encode_table(table, tokenizer, recipe.model.max_length, text_columns(cls), joint=cls.encoding == "joint")
 
 
-def evaluate_logits(label_type: Optional[str], logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    if label_type == "class":
-        return classification_metrics(labels, logits.argmax(-1))
-    if label_type == "float":
-        from scipy.stats import pearsonr, spearmanr
-
-        pred = logits.reshape(len(logits), -1)[:, 0]
-        return {"pearson": float(pearsonr(pred, labels)[0]), "spearman": float(spearmanr(pred, labels)[0])}
-    raise DataError("evaluation needs labelled data")
-
-
-def make_classifier_eval(data: EncodedData, label_type: Optional[str], batch_size: int, pad_id: int):
-    """``evaluate(model)`` for objectives with a classifier head."""
-
-    def evaluate(model) -> dict[str, float]:
-        logits = forward_all(model, data, batch_size, pad_id)["logits"]
-        return evaluate_logits(label_type, logits, data.labels)
-
-    return evaluate
-
-
 def load_similarity_data(recipe: Recipe, data_dir: Optional[Path]):
     """The sentence-pair evaluation set (``text``, ``text_pair``, float gold ``label``) named by
     ``data.eval`` (or ``data.dataset``'s eval split), read with ``data.eval_columns``."""
@@ -107,20 +80,6 @@ def load_similarity_data(recipe: Recipe, data_dir: Optional[Path]):
     return load_task_data(cfg, seed=recipe.train.seed, label_type="float",
                           required_columns=("text", "text_pair", "label"), data_dir=data_dir,
                           need_train=False, need_eval=True).eval
-
-
-def make_similarity_eval(table, tokenizer, max_length: int, batch_size: int, pad_id: int):
-    """``evaluate(model)``: Spearman/Pearson of embedding cosines against the gold scores."""
-    from finetune_cli.metrics.similarity import correlations, cosine_scores
-
-    enc = encode_table(table, tokenizer, max_length, TEXT_COLUMNS, joint=False)
-
-    def evaluate(model) -> dict[str, float]:
-        a = forward_all(model, enc, batch_size, pad_id, view=0, want=("embeddings",))["embeddings"]
-        b = forward_all(model, enc, batch_size, pad_id, view=1, want=("embeddings",))["embeddings"]
-        return correlations(cosine_scores(a, b), enc.labels)
-
-    return evaluate
 
 
 def _classifier_evaluator(recipe: Recipe, cls, data: TaskData, tokenizer, pad_id: int, data_dir):

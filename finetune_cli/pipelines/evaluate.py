@@ -10,12 +10,13 @@ from typing import Any, Optional
 from finetune_cli import rundir
 from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine.device import resolve_device
+from finetune_cli.engine.evaluation import evaluate_logits
 from finetune_cli.engine.inference import forward_all
 from finetune_cli.errors import DataError, ModelError
 from finetune_cli.metrics.calibration import DEFAULT_BINS
 from finetune_cli.models.loading import load_text_model
 from finetune_cli.objectives.registry import validate_recipe
-from finetune_cli.pipelines.common import encode, evaluate_logits, load_data, objective_class
+from finetune_cli.pipelines.common import encode, load_data, objective_class
 from finetune_cli.pipelines.recipes import load_recipe
 from finetune_cli.recipe import Recipe, apply_overrides, build_recipe, to_plain
 

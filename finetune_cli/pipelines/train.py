@@ -1,7 +1,8 @@
 """``finetune train``: recipe -> data -> model -> the engine -> a run directory.
 
 Run directory layout: ``recipe.yaml`` (resolved), ``metrics.jsonl``, ``checkpoint-<step>/``,
-``best/`` (best evaluation), ``final/`` (end of training), ``summary.json``.
+``best/`` (best evaluation), ``final/`` (end of training), ``figures/curves.png`` (loss parts and
+evaluation metrics against the step), ``tracking/`` (with ``train.report_to``), ``summary.json``.
 
 Re-running the same recipe into the same directory resumes from its newest checkpoint (or does
 nothing if the run is complete); a different recipe there is refused unless ``overwrite``.
@@ -123,6 +124,8 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
         "samples_per_second": round(result.samples_per_second, 2),
         "train_seconds": round(st.train_seconds, 2),
         "device": result.device,
+        "device_name": result.device_name,
+        "gpu_mem_peak_gb": result.gpu_mem_peak_gb,
         "precision": result.precision,
         "metric": recipe.train.metric if eval_fn else None,
         "best_metric": st.best_metric,
@@ -133,5 +136,21 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
         "seed": recipe.train.seed,
     }
     if trainer.is_main:
+        write_curves(run_dir, ui)
         atomic_write_json(run_dir / rundir.SUMMARY, summary)
     return TrainOutcome(run_dir, summary, resumed_from=ck)
+
+
+def write_curves(run_dir: Path, ui) -> Optional[Path]:
+    """``figures/curves.png`` from the run's ``metrics.jsonl`` (skipped without matplotlib)."""
+    from finetune_cli.viz._mpl import available
+
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    if not available():
+        ui.warn("figures/curves.png skipped: matplotlib is not installed (pip install 'finetune-cli[plots]')")
+        return None
+    from finetune_cli.viz.curves import curve_series, plot_curves, read_metrics
+
+    return plot_curves(curve_series(read_metrics(metrics)), run_dir / "figures" / "curves.png", title=str(run_dir))
