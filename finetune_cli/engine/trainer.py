@@ -193,8 +193,9 @@ class Trainer:
             raise TrainingError(f"training set of {len(train_data)} examples gives no full step with batch size "
                                 f"{cfg.batch_size} on {self.world} processes")
         self.total_steps = cfg.max_steps or math.ceil(cfg.epochs * self.steps_per_epoch)
-        # Fused AdamW on CUDA: one kernel for the whole update instead of a few per tensor.
-        fused = self.acc.device.type == "cuda"
+        # Fused AdamW (CPU and CUDA): one kernel for the whole update instead of a few per tensor;
+        # on the CPU it is several times faster than the per-tensor loop.
+        fused = True if self.acc.device.type in ("cpu", "cuda") else None
         opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, fused=fused)
         from transformers import get_linear_schedule_with_warmup
 

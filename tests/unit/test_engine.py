@@ -175,3 +175,15 @@ def test_consecutive_runs_with_different_precision_in_one_process(tiny_recipe, t
     a = _train(tiny_recipe("train.max_steps=2", "train.precision=fp32", f"output.dir={tmp_path / 'a'}"))
     b = _train(tiny_recipe("train.max_steps=2", "train.precision=bf16", f"output.dir={tmp_path / 'b'}"))
     assert a.summary["precision"] == "no" and b.summary["precision"] == "bf16"
+
+
+def test_adamw_is_fused_on_cpu(tiny_recipe):
+    """The fused AdamW kernel (one pass over all parameters) is used on the CPU too."""
+    seen = {}
+
+    def grab(trainer, state):
+        opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper
+        seen["fused"] = opt.defaults.get("fused")
+
+    _train(tiny_recipe("train.max_steps=1"), callbacks=[grab])
+    assert seen["fused"] is True
