@@ -115,6 +115,7 @@ class TrainConfig:
     seed: int = 42
     precision: str = _f("auto", choices=("auto", "fp32", "bf16", "fp16"))
     log_every: int = _f(10, gt=0)
+    compile: bool = _f(False, help="torch.compile the encoder; batch widths are rounded up to multiples of 16")
 
 
 @dataclass(frozen=True)

@@ -201,7 +201,12 @@ class Trainer:
         # on the CPU it is several times faster than the per-tensor loop.
         fused = True if self.acc.device.type in ("cpu", "cuda") else None
         opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, fused=fused)
-        self.pad_multiple, self.max_width = 1, None
+        # train.compile: widths are rounded up to multiples of 16 (never past the longest
+        # example), so torch.compile sees a handful of shapes, not one per batch width.
+        self.pad_multiple, self.max_width = (16, int(train_data.lengths.max())) if cfg.compile else (1, None)
+        if cfg.compile:
+            # Module.compile() compiles in place: parameter names, saving and DDP wrapping are unchanged.
+            (model.encoder if hasattr(model, "encoder") else model).compile()
         from transformers import get_linear_schedule_with_warmup
 
         self.scheduler = get_linear_schedule_with_warmup(opt, int(cfg.warmup_ratio * self.total_steps), self.total_steps)

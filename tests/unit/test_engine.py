@@ -285,3 +285,16 @@ def test_losses_reach_the_host_only_at_log_eval_and_save_points(tiny_recipe, mon
                              "train.save_every=100"))
     assert out.summary["steps"] == 8
     assert reads["n"] == 2  # steps 4 and 8
+
+
+@pytest.mark.slow  # inductor compiles forward and backward: about a minute on 2 CPU cores
+def test_compile_trains_to_the_same_losses(tiny_recipe, tmp_path):
+    """train.compile=true (torch.compile, widths in buckets of 16) follows the eager run's losses."""
+    common = ("train.max_steps=6", "train.log_every=1", "model.dropout=0.0", "train.eval_every=100")
+    eager = _train(tiny_recipe(*common, f"output.dir={tmp_path / 'eager'}"))
+    comp = _train(tiny_recipe(*common, "train.compile=true", f"output.dir={tmp_path / 'comp'}"))
+    losses = lambda o: [json.loads(x)["loss"] for x in (o.run_dir / "metrics.jsonl").read_text().splitlines()  # noqa: E731
+                        if "loss" in json.loads(x)]
+    a, b = losses(eager), losses(comp)
+    assert len(a) == len(b) == 6
+    assert a == pytest.approx(b, rel=1e-3, abs=1e-4)
