@@ -33,6 +33,11 @@ uses fused AdamW; headline is ms/step.
     python bench/train_throughput.py --data-dir ../shared/data [--n 4000] [--repeats 2]
     python bench/train_throughput.py --data-dir ../shared/data --proxy [--n 8192]
     python bench/train_throughput.py ... --runners finetune --ft train.compile=true   # one variant
+    python bench/train_throughput.py ... --runners finetune@../old,finetune      # before/after, interleaved
+
+``finetune@DIR`` runs the finetune runner from another checkout DIR (e.g. ``git worktree add ../old
+COMMIT``) in the same interleaved run, so each engine change is measured against its parent under
+the same machine load.
 
 Targets (issue 14): CPU train >= 1.5x hf_grouped at equal dev accuracy and >= 2.0x hf_default;
 proxy ms/step <= 0.7x hf_grouped.
@@ -277,6 +282,7 @@ def main() -> None:
         return worker(a)
 
     runners = [r.strip() for r in a.runners.split(",") if r.strip()]
+    label = {r: (f"finetune@{Path(r.partition('@')[2]).resolve().name}" if "@" in r else r) for r in runners}
     n = a.n or (8192 if a.proxy else 4000)
     sents, labels, dev, dev_labels, source = load_sentences(a.data_dir, n)
     with tempfile.TemporaryDirectory() as t:
@@ -290,23 +296,25 @@ def main() -> None:
         write_tsv(work / "train.tsv", sents, labels)
         write_tsv(work / "warm.tsv", *warm_subset(sents, labels, tok))
         write_tsv(work / "dev.tsv", dev, dev_labels)
-        results: dict[str, list[dict]] = {r: [] for r in runners}
+        results: dict[str, list[dict]] = {label[r]: [] for r in runners}
         for rep in range(a.repeats):
             order = runners[rep % len(runners):] + runners[:rep % len(runners)]
             for r in order:
-                cmd = [sys.executable, __file__, "--worker", r, "--work", str(work), "--model", model,
+                name, _, root = r.partition("@")
+                env = dict(os.environ, PYTHONPATH=str(Path(root).resolve())) if root else None
+                cmd = [sys.executable, __file__, "--worker", name, "--work", str(work), "--model", model,
                        "--skip", str(a.skip), "--accuracy", "0" if a.proxy else "1",
                        *[x for o in a.ft for x in ("--ft", o)]]
                 t0 = time.perf_counter()
-                p = subprocess.run(cmd, capture_output=True, text=True)
+                p = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 wall = time.perf_counter() - t0
                 if p.returncode != 0:
                     sys.exit(f"runner {r} failed:\n{p.stderr[-4000:]}")
                 res = json.loads(p.stdout.strip().splitlines()[-1])
                 res["process_s"] = wall
-                results[r].append(res)
+                results[label[r]].append(res)
                 acc = f"{res['accuracy']:.3f}" if res["accuracy"] is not None else "-"
-                print(f"  repeat {rep + 1} {r:<11} train {res['train_s']:7.2f}s  {res['ms_per_step'] or 0:8.2f} ms/step"
+                print(f"  repeat {rep + 1} {label[r]:<20} train {res['train_s']:7.2f}s  {res['ms_per_step'] or 0:8.2f} ms/step"
                       f"  process {wall:6.1f}s  dev acc {acc}", file=sys.stderr, flush=True)
 
     med = {r: {"sent_per_s": statistics.median(n / x["train_s"] for x in rs),
@@ -315,22 +323,22 @@ def main() -> None:
            for r, rs in results.items()}
     print(f"\ndata: {source}, {n} sentences, batch {BATCH}, max_length {MAXLEN}, "
           f"{'tiny random BERT (proxy)' if a.proxy else 'embedded MiniLM'}, cpu, torch threads "
-          f"{results[runners[0]][0]['threads']}, {a.repeats} interleaved repeats; median (min-max)", file=sys.stderr)
+          f"{results[label[runners[0]]][0]['threads']}, {a.repeats} interleaved repeats; median (min-max)", file=sys.stderr)
     if a.ft:
         print(f"finetune overrides: {' '.join(a.ft)}", file=sys.stderr)
-    print(f"{'runner':<12}{'sent/s (end to end)':>24}{'ms/step (steady)':>24}{'process s':>20}{'dev acc':>9}",
+    print(f"{'runner':<22}{'sent/s (end to end)':>24}{'ms/step (steady)':>24}{'process s':>20}{'dev acc':>9}",
           file=sys.stderr)
     for r, rs in results.items():
         acc = f"{med[r]['accuracy']:.3f}" if med[r]["accuracy"] is not None else "-"
-        print(f"{r:<12}{spread([n / x['train_s'] for x in rs]):>24}{spread([x['ms_per_step'] for x in rs], '{:.2f}'):>24}"
+        print(f"{r:<22}{spread([n / x['train_s'] for x in rs]):>24}{spread([x['ms_per_step'] for x in rs], '{:.2f}'):>24}"
               f"{spread([x['process_s'] for x in rs]):>20}{acc:>9}", file=sys.stderr)
     ratios = {}
     if "finetune" in med:
-        for peer in ("hf_grouped", "hf_default", "bare"):
+        for peer in ("hf_grouped", "hf_default", "bare", *[x for x in med if x.startswith("finetune@")]):
             if peer in med:
                 ratios[f"sent_per_s_vs_{peer}"] = med["finetune"]["sent_per_s"] / med[peer]["sent_per_s"]
                 ratios[f"ms_per_step_vs_{peer}"] = med["finetune"]["ms_per_step"] / med[peer]["ms_per_step"]
-                print(f"finetune vs {peer:<11}: {ratios[f'sent_per_s_vs_{peer}']:.2f}x sent/s, "
+                print(f"finetune vs {peer:<20}: {ratios[f'sent_per_s_vs_{peer}']:.2f}x sent/s, "
                       f"{ratios[f'ms_per_step_vs_{peer}']:.2f}x ms/step", file=sys.stderr)
         if "hf_grouped" in med and med["finetune"]["accuracy"] is not None:
             d = med["finetune"]["accuracy"] - med["hf_grouped"]["accuracy"]
