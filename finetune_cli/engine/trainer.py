@@ -320,14 +320,17 @@ class Trainer:
             nxt = pool.submit(build, batches[k + 1]) if k + 1 < len(batches) else None
             yield b
 
-    def _sync_losses(self) -> None:
+    def _sync_losses(self) -> float:
         """Read the loss parts of the steps since the last sync (one host transfer), check them
         in order and add them to the log window. Raises on the first non-finite loss, naming its
-        step; no checkpoint or evaluation happens between that step and this check."""
+        step; no checkpoint or evaluation happens between that step and this check. Returns the
+        seconds spent waiting for the device."""
         pending, self._pending = self._pending, []
         if not pending:
-            return
+            return 0.0
+        t0 = time.perf_counter()
         flat = torch.cat([p[4] for p in pending]).tolist()
+        waited = time.perf_counter() - t0
         st, pos = self.state, 0
         for step, epoch, n_micro, keys, _ in pending:
             host = dict(zip(keys, flat[pos:pos + len(keys)], strict=True))
@@ -340,6 +343,7 @@ class Trainer:
             for k, v in host.items():
                 st.log_window[k] = st.log_window.get(k, 0.0) + v / n_micro
             st.log_window_steps += 1
+        return waited
 
     def _on_signal(self, signum, frame):  # SIGTERM -> same path as Ctrl-C
         raise KeyboardInterrupt
@@ -419,7 +423,11 @@ class Trainer:
                         do_eval = st.step % eval_every == 0 or st.step == self.total_steps
                         do_save = st.step % save_every == 0 or st.step == self.total_steps
                         if st.step % cfg.log_every == 0 or st.step == self.total_steps:
-                            self._sync_losses()
+                            # On a GPU the steps since the last sync may still be queued: the wait
+                            # for them is training time.
+                            wait = self._sync_losses()
+                            st.train_seconds += wait
+                            window_time += wait
                             el = window_time  # training time only: evaluation and saving excluded
                             rec = {"step": st.step, "epoch": round(epoch + i / len(batches), 4),
                                    "lr": self.scheduler.get_last_lr()[0],
@@ -433,11 +441,11 @@ class Trainer:
                         else:
                             progress.update(st.step)
                         if do_eval:
-                            self._sync_losses()  # never evaluate (or save as best) weights after a NaN
+                            st.train_seconds += self._sync_losses()  # never evaluate weights after a NaN
                             self._evaluate(progress)
                             last_eval_step = st.step
                         if do_save or st.stopped_early:
-                            self._sync_losses()  # never checkpoint weights after a NaN
+                            st.train_seconds += self._sync_losses()  # never checkpoint weights after a NaN
                             self.save_checkpoint()
                             last_save_step = st.step
                         for cb in self.callbacks:
