@@ -118,6 +118,7 @@ class TrainConfig:
     seed: int = field_spec(42, ge=0, le=2**63 - 1)
     precision: str = field_spec("auto", choices=("auto", "fp32", "bf16", "fp16"))
     log_every: int = field_spec(10, gt=0)
+    compile: bool = field_spec(False, help="torch.compile the encoder; batch widths are rounded up to multiples of 16")
     report_to: list[str] = field_spec(default_factory=list, help="experiment trackers fed through accelerate: "
                               "tensorboard, mlflow, trackio, wandb (default: none; metrics.jsonl always)")
 

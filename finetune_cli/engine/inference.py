@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import numpy as np
@@ -11,31 +12,48 @@ from finetune_cli.data.encode import EncodedData, collate, to_device
 from finetune_cli.data.sampling import sorted_batches
 
 
-@torch.no_grad()
 def forward_all(model, data: EncodedData, batch_size: int, pad_id: int, device: Optional[torch.device] = None,
-                view: int = 0, want: tuple[str, ...] = ("logits",), progress=None) -> dict[str, np.ndarray]:
+                view: int = 0, want: tuple[str, ...] = ("logits",), progress=None,
+                autocast_dtype: Optional[torch.dtype] = None) -> dict[str, np.ndarray]:
     """Run ``model`` over every example of ``data`` (one view), longest first, and return the
-    requested outputs (``logits``, ``embeddings``) as float32 arrays in the original order."""
+    requested outputs (``logits``, ``embeddings``) as float32 arrays in the original order.
+
+    Outputs stay on the device until the end (one transfer, no host sync per batch), under
+    ``torch.inference_mode``; ``autocast_dtype`` (e.g. bf16 on a GPU) runs the encoder in it.
+    """
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
-    n = len(data)
-    out: dict[str, Optional[np.ndarray]] = {k: None for k in want}
+    batches = sorted_batches(data.lengths, batch_size)
+    outs: dict[str, list[torch.Tensor]] = {k: [] for k in want}
+    cast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
+            else contextlib.nullcontext())
     done = 0
-    for idx in sorted_batches(data.lengths, batch_size):
-        batch = to_device(collate(data, idx, pad_id), device)
-        res = model(batch["features"][view])
-        for k in want:
-            v = getattr(res, k).float().cpu().numpy()
-            if out[k] is None:
-                out[k] = np.zeros((n, *v.shape[1:]), dtype=np.float32)
-            out[k][idx] = v
-        done += len(idx)
-        if progress is not None:
-            progress.update(done)
-    if was_training:
-        model.train()
-    return {k: v for k, v in out.items() if v is not None}
+    try:
+        with torch.inference_mode(), cast:
+            for idx in batches:
+                batch = to_device(collate(data, idx, pad_id), device)
+                res = model(batch["features"][view])
+                for k in want:
+                    v = getattr(res, k)
+                    if v is not None:
+                        outs[k].append(v.float())
+                done += len(idx)
+                if progress is not None:
+                    progress.update(done)
+    finally:
+        if was_training:
+            model.train()
+    order = np.concatenate([np.asarray(b, dtype=np.int64) for b in batches]) if batches else np.zeros(0, np.int64)
+    result: dict[str, np.ndarray] = {}
+    for k, vs in outs.items():
+        if not vs:
+            continue
+        host = torch.cat(vs).cpu().numpy()
+        arr = np.empty_like(host)
+        arr[order] = host
+        result[k] = arr
+    return result
 
 
 def file_features(model, tokenizer, path, pair: bool, max_length: int, batch_size: int) -> tuple[np.ndarray, list[str]]:

@@ -49,13 +49,20 @@ def read_sentences(path: str, column: Optional[str] = None, fmt: str = "auto") -
 
 def embed_texts(model, tokenizer, texts: list[str], *, batch_size: int = 64, max_length: int = 128,
                 normalize: bool = False, device=None, progress=None) -> np.ndarray:
-    """(n, d) float32 embeddings, computed in length-sorted batches, returned in input order."""
+    """(n, d) float32 embeddings, computed in length-sorted batches, returned in input order
+    (bf16 autocast on a GPU with bf16, fp32 elsewhere)."""
     from finetune_cli.data.sources import Table
 
     enc = encode_table(Table({"text": texts}, "<texts>"), tokenizer, max_length, ("text",), joint=False,
                        use_cache=False)
+    import torch
+
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    e = forward_all(model, enc, batch_size, pad, device, want=("embeddings",), progress=progress)["embeddings"]
+    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    # bf16 autocast on a GPU that has it (as `train` does); fp32 on the CPU, where it is exact.
+    cast = torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    e = forward_all(model, enc, batch_size, pad, dev, want=("embeddings",), progress=progress,
+                    autocast_dtype=cast)["embeddings"]
     return l2_normalize(e).astype(np.float32) if normalize else e
 
 
