@@ -83,16 +83,22 @@ def output_error(e: BaseException, path: str | Path, doing: str = "write") -> Ou
     return OutputError(f"cannot {doing} {target}: {reason}")
 
 
+def _file_ancestor(p: Path) -> Optional[Path]:
+    """The nearest existing ancestor of ``p`` when it is a file (then nothing can be made under it)."""
+    for parent in p.parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
 def ensure_dir(path: str | Path, what: str = "output folder") -> Path:
     """Create folder ``path`` (and its parents), or raise one line saying why it cannot be one."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise OutputError(f"{what} {p} is a file, not a folder")
-    for parent in p.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise OutputError(f"{what} {p} lies under {parent}, which is a file")
-            break
+    blocker = _file_ancestor(p)
+    if blocker is not None:
+        raise OutputError(f"{what} {p} lies under {blocker}, which is a file")
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -119,7 +125,10 @@ def check_output_file(path: str | Path, what: str = "output") -> Path:
     p = Path(path)
     if p.is_dir():
         raise OutputError(f"{what} {p} is a folder, not a file")
-    check_writable_dir(p.parent if str(p.parent) else Path("."), f"folder of {what} {p}")
+    blocker = _file_ancestor(p)
+    if blocker is not None:
+        raise OutputError(f"{what} {p} lies under {blocker}, which is a file")
+    check_writable_dir(p.parent, f"folder of {what}")
     return p
 
 

@@ -234,7 +234,14 @@ class Trainer:
         f = self.run_dir / METRICS
         if not (self.is_main and f.is_file()):
             return
-        keep = [ln for ln in f.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        keep = []
+        for ln in f.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:  # a line torn by a crash mid-write (or any garbage) is dropped
+                rec = json.loads(ln)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("step", 0) <= step:
+                keep.append(ln)
         atomic_write_text(f, "".join(ln + "\n" for ln in keep))
 
     def _log_metrics(self, record: dict[str, Any]) -> None:
@@ -287,6 +294,8 @@ class Trainer:
             restore_rng(self._resume_rng)
         else:
             seed_everything(cfg.seed)
+            if self.is_main:  # a run that died before its first checkpoint: its log starts afresh
+                (self.run_dir / METRICS).unlink(missing_ok=True)
         old_handler = signal.getsignal(signal.SIGTERM)
         try:
             signal.signal(signal.SIGTERM, self._on_signal)
