@@ -164,11 +164,11 @@ def main(argv=None) -> int:
 
     from finetune_cli.cli.report_render import fmt_ci, fmt_mean_std, fmt_p
     from finetune_cli.objectives import registry
-    from finetune_cli.pipelines.eval_details import EVAL_FILE
     from finetune_cli.pipelines.evaluate import eval_recipe, run_eval
     from finetune_cli.pipelines.multiseed import parse_seeds, run_seeds
     from finetune_cli.pipelines.recipes import load_recipe
     from finetune_cli.pipelines.report import build_report
+    from finetune_cli.rundir import EVAL as EVAL_FILE
     from finetune_cli.ui import UI
 
     ui = UI(quiet=args.quiet)

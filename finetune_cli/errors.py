@@ -50,6 +50,10 @@ class RunDirError(FinetuneError):
     """An output directory that holds a different run, or a run directory that is damaged."""
 
 
+class CorruptCheckpointError(RunDirError):
+    """A checkpoint file that cannot be read back (truncated, garbage, or an unsafe legacy pickle)."""
+
+
 class TrainingError(FinetuneError):
     """Training cannot go on (e.g. a non-finite loss)."""
 

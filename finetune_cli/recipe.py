@@ -132,8 +132,18 @@ class OutputConfig:
     name: Optional[str] = field_spec(None, help="run name; default: the recipe file's stem")
 
 
+class _Plain:
+    """``to_dict`` / ``to_yaml`` of a recipe dataclass (training or probe)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+
+
 @dataclass(frozen=True)
-class Recipe:
+class Recipe(_Plain):
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
@@ -144,14 +154,7 @@ class Recipe:
     # ---- derived -------------------------------------------------------------------------
     @property
     def run_dir(self) -> Path:
-        name = self.output.name or (Path(self.source).stem if self.source.endswith((".yaml", ".yml")) else "run")
-        return Path(self.output.dir) / name
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_plain(self)
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+        return Path(self.output.dir) / (self.output.name or _stem(self.source, "run"))
 
     def fingerprint(self, ignore_seeds: bool = False) -> str:
         """Hash of everything that changes what a run computes (output location excluded).
@@ -162,6 +165,14 @@ class Recipe:
             d["train"].pop("seed", None)
             d["data"].pop("seed", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _stem(source: str, default: str) -> str:
+    """The run name a recipe gives by default: its file's stem (``recipes/scl.yaml`` and the packaged
+    name ``scl`` both give ``scl``); ``default`` for a recipe built from the command line alone."""
+    if not source or source.startswith("<"):
+        return default
+    return Path(source).stem if source.endswith((".yaml", ".yml")) else (Path(source).name or default)
 
 
 # ---- plain <-> dataclass ---------------------------------------------------------------------
@@ -231,12 +242,12 @@ def coerce(value: Any, tp: Any, where: str, src: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise RecipeError(f"`{where}` in {src} must be a number, got {value!r}")
         try:
-            f = float(value)
+            value = float(value)
         except OverflowError:
-            f = math.inf
-        if not math.isfinite(f):
+            value = math.inf
+        if not math.isfinite(value):
             raise RecipeError(f"`{where}` in {src} must be a finite number, got {value!r}")
-        return f
+        return value
     if tp is str:
         if not isinstance(value, str):
             raise RecipeError(f"`{where}` in {src} must be a string, got {value!r}")
@@ -353,7 +364,9 @@ def resolve_recipe_path(recipe: str | Path) -> Path:
         if cand.is_file():
             return cand
     known = sorted(q.stem for q in PACKAGED_RECIPES.rglob("*.yaml"))
-    raise RecipeError(f"recipe file not found: {recipe}" + closest(str(p.stem), known).replace("valid keys", "packaged recipes"))
+    m = difflib.get_close_matches(p.stem, known, n=1, cutoff=0.75)
+    hint = f"; did you mean `{m[0]}`?" if m else f"; packaged recipes: {', '.join(known)}"
+    raise RecipeError(f"recipe file not found: {recipe}{hint}")
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -466,7 +479,7 @@ class ProbeSection:
 
 
 @dataclass(frozen=True)
-class ProbeRecipe:
+class ProbeRecipe(_Plain):
     model: ModelConfig = field(default_factory=ModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -476,14 +489,7 @@ class ProbeRecipe:
 
     @property
     def out_dir(self) -> Path:
-        name = self.output.name or (Path(self.source).stem if self.source.endswith((".yaml", ".yml")) else "probe")
-        return Path(self.output.dir) / name
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_plain(self)
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+        return Path(self.output.dir) / (self.output.name or _stem(self.source, "probe"))
 
 
 def build_probe_recipe(data: Mapping[str, Any], source: str) -> ProbeRecipe:

@@ -29,6 +29,7 @@ from finetune_cli.recipe import Recipe, build_recipe
 RECIPE = "recipe.yaml"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+EVAL = "eval.json"  # `finetune eval` of the run on its own evaluation data
 BEST = "best"
 FINAL = "final"
 STATE_FILE = "trainer_state.json"
@@ -141,8 +142,9 @@ def folder_problem(folder: Path) -> Optional[str]:
     return None
 
 
-def checkpoint_problem(ck: Path) -> Optional[str]:
-    """Why checkpoint ``ck`` cannot be resumed from, or None."""
+def checkpoint_problem(ck: Path, verify: Optional[Callable[[Path], Optional[str]]] = None) -> Optional[str]:
+    """Why checkpoint ``ck`` cannot be resumed from, or None. ``verify(ck)`` adds the checks only the
+    engine can make (its state files read back)."""
     if not is_complete_checkpoint(ck):
         return f"incomplete (needs {STATE_FILE} and {CHECKPOINT_MODEL}/config.json)"
     why = folder_problem(ck)
@@ -153,10 +155,13 @@ def checkpoint_problem(ck: Path) -> Optional[str]:
             state = None
         if not isinstance(state, dict) or not isinstance(state.get("step"), int):
             why = f"{STATE_FILE} is not a trainer state"
+    if why is None and verify is not None:
+        why = verify(ck)
     return why
 
 
-def intact_checkpoint(run_dir: Path, warn: Callable[[str], None]) -> Optional[Path]:
+def intact_checkpoint(run_dir: Path, warn: Callable[[str], None],
+                      verify: Optional[Callable[[Path], Optional[str]]] = None) -> Optional[Path]:
     """The newest checkpoint of ``run_dir`` that a resume can use; each newer damaged one is named
     through ``warn``. None when there are no checkpoints; :class:`RunDirError` when there are
     some but none is intact (a silent restart would throw the run away)."""
@@ -164,7 +169,7 @@ def intact_checkpoint(run_dir: Path, warn: Callable[[str], None]) -> Optional[Pa
                  key=checkpoint_step, reverse=True)
     damaged = []
     for ck in cks:
-        why = checkpoint_problem(ck)
+        why = checkpoint_problem(ck, verify)
         if why is None:
             for name, w in damaged:
                 warn(f"checkpoint {name} is damaged ({w}); resuming from the older {ck.name}")
@@ -238,6 +243,9 @@ def check_run_dir(run_dir: Path, recipe: Recipe, overwrite: bool,
     ``normalise`` is applied to the stored recipe before comparing (the caller's full validation)."""
     if not run_dir.exists() or not any(run_dir.iterdir()):
         return None
+    if nothing_trained(run_dir):  # a start that failed before its first step blocks nothing
+        (run_dir / RECIPE).unlink(missing_ok=True)
+        return None
     if overwrite:
         shutil.rmtree(run_dir)
         return None
@@ -254,6 +262,13 @@ def check_run_dir(run_dir: Path, recipe: Recipe, overwrite: bool,
         raise RunDirError(f"output directory {run_dir} holds a different run ({diff}); "
                           f"pass --overwrite to replace it, or set output.name")
     return old
+
+
+def nothing_trained(run_dir: Path) -> bool:
+    """True when ``run_dir`` holds a recipe and nothing else a run writes (hidden temp files and the
+    lock aside): a start that failed before training (bad metric, device, data) left it."""
+    entries = [p for p in run_dir.iterdir() if not p.name.startswith(".")]
+    return [p.name for p in entries] == [RECIPE]
 
 
 def first_difference(a: Any, b: Any, prefix: str = "") -> str:

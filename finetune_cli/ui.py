@@ -22,7 +22,9 @@ class UI:
     """The one place that writes to the terminal. Pipelines receive an instance."""
 
     def __init__(self, quiet: bool = False, console: Optional[Console] = None):
-        self.console = console or Console(stderr=True, highlight=False, soft_wrap=True,
+        # Not a terminal (a pipe, a CI log): no 80-column limit, so tables are never cut ("quick…").
+        width = None if not _plain() else int(os.environ.get("COLUMNS", "0") or 0) or 200
+        self.console = console or Console(stderr=True, highlight=False, soft_wrap=True, width=width,
                                           force_terminal=None if not _plain() else False)
         self.quiet = quiet
         self.plain = _plain()

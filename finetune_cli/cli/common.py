@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import sys
 import traceback
@@ -28,8 +29,19 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one J
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Only errors on stderr.")]
 
 
+def _json_safe(obj: Any) -> Any:
+    """NaN and ±inf become null: bare NaN is not JSON, and scripts parse this output."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
 def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    sys.stdout.write(json.dumps(_json_safe(obj), indent=2, default=str, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 

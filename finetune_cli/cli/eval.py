@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -48,8 +49,10 @@ def eval_cmd(
         res = run_eval_similarity(model, r, ui, device=device, data_dir=data_dir, batch_size=batch_size)
         _render_similarity(res, ui, json_out)
         return
+    # The run's own evaluation is eval.json (what `report` reads); other data gets its own file.
+    name = "eval" if recipe is None or out is not None else f"eval-{Path(recipe).stem}"
     res = run_eval(model, r, ui, device=device, data_dir=data_dir, batch_size=batch_size, bins=bins,
-                   figures=not no_figures, out=out, tsne_max=tsne_max)
+                   figures=not no_figures, out=out, tsne_max=tsne_max, name=name)
     if json_out:
         emit_json(res.to_dict())
         return

@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,10 +39,20 @@ class Table:
                      [self.row_ids[i] for i in idx] if self.row_ids else [])
 
 
+DATA_DIR_ENV = "FINETUNE_DATA_DIR"
+
+
 def resolve_path(path: str) -> Path:
-    """``pkg:quickstart/train.tsv`` names a file shipped inside the package."""
+    """``pkg:quickstart/train.tsv`` names a file shipped inside the package; ``data:STS-B/dev.tsv`` a
+    file in the data folder (``--data-dir`` / ``$FINETUNE_DATA_DIR``), so a recipe runs unchanged from
+    any directory. Any other relative path is relative to the current directory, as on a command line."""
     if path.startswith("pkg:"):
         return PKG_RESOURCES / path[4:]
+    if path.startswith("data:"):
+        base = os.environ.get(DATA_DIR_ENV)
+        if not base:
+            raise DataError(f"`{path}` names a file in the data folder: pass --data-dir DIR (or set {DATA_DIR_ENV})")
+        return Path(base).expanduser() / path[5:]
     return Path(path).expanduser()
 
 
@@ -142,7 +153,7 @@ def read_file(path_str: str, colmap: Mapping[str, Optional[Col]], fmt: str = "au
                     try:
                         records.append(json.loads(line))
                     except json.JSONDecodeError as e:
-                        raise DataError(f"malformed JSON in {path_str}: {e.msg} at line {n}") from None
+                        raise DataError(f"malformed JSON in {path_str}: {e.msg} at line {n}, column {e.colno}") from None
         else:
             try:
                 obj = json.loads(text)

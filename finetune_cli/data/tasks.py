@@ -16,11 +16,9 @@ from typing import Any, Optional
 import numpy as np
 
 from finetune_cli.data import glue
-from finetune_cli.data.sources import Table, is_missing, read_file, read_hub
+from finetune_cli.data.sources import DATA_DIR_ENV, Table, is_missing, read_file, read_hub
 from finetune_cli.errors import DataError
 from finetune_cli.recipe import DataConfig
-
-DATA_DIR_ENV = "FINETUNE_DATA_DIR"
 
 
 @dataclass
@@ -41,12 +39,15 @@ class TaskData:
 
 
 def data_dir_from_env(explicit: Optional[str]) -> Optional[Path]:
+    """The data folder: ``--data-dir`` (then exported as ``$FINETUNE_DATA_DIR`` for this process, so
+    ``data:`` paths in the recipe resolve against it too), else ``$FINETUNE_DATA_DIR``, else None."""
     d = explicit or os.environ.get(DATA_DIR_ENV)
     if not d:
         return None
     p = Path(d).expanduser()
     if not p.is_dir():
         raise DataError(f"data directory not found: {d}")
+    os.environ[DATA_DIR_ENV] = str(p)
     return p
 
 

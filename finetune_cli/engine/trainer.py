@@ -17,6 +17,7 @@ the same dropout masks and ends with the same weights as a run that never stoppe
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
@@ -34,6 +35,7 @@ import torch
 
 from finetune_cli.data.encode import EncodedData, collate, to_device
 from finetune_cli.data.sampling import epoch_batches
+from finetune_cli.engine.checkpoint_io import has_state, load_state, save_state
 from finetune_cli.engine.device import resolve_device
 from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, clean_stale_temps
@@ -53,6 +55,9 @@ class TrainState:
     evals_without_improvement: int = 0
     last_eval: dict[str, float] = field(default_factory=dict)
     stopped_early: bool = False
+    # An evaluation was under way when the run was interrupted: a resume runs it first, so the
+    # metrics (and best/, early stopping) are those of a run that never stopped.
+    eval_pending: bool = False
     # Loss sums since the last log line, so a resumed run logs the same averages.
     log_window: dict[str, float] = field(default_factory=dict)
     log_window_steps: int = 0
@@ -205,11 +210,12 @@ class Trainer:
         if self.is_main:
             with atomic_dir(target) as tmp:
                 self.save_model_fn(self.unwrapped(), tmp / CHECKPOINT_MODEL)
-                torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-                torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+                # No pickle: these files are read back on resume (see engine/checkpoint_io.py).
+                save_state(self.optimizer.state_dict(), tmp, "optimizer")
+                save_state(self.scheduler.state_dict(), tmp, "scheduler")
                 if self.acc.scaler is not None:
-                    torch.save(self.acc.scaler.state_dict(), tmp / "scaler.pt")
-                torch.save(rng or capture_rng(), tmp / "rng.pt")
+                    save_state(self.acc.scaler.state_dict(), tmp, "scaler")
+                save_state(rng or capture_rng(), tmp, "rng")
                 (tmp / "recipe.yaml").write_text(self.recipe_yaml)
                 (tmp / STATE_FILE).write_text(json.dumps(asdict(self.state), indent=2))
             keep = {self.state.step}
@@ -221,26 +227,32 @@ class Trainer:
 
     def load_checkpoint(self, ck: Path) -> None:
         """Restore optimizer, scheduler, state and RNG (the model was loaded from ``ck/model``)."""
-        self.optimizer.load_state_dict(torch.load(ck / "optimizer.pt", map_location="cpu", weights_only=False))
-        self.scheduler.load_state_dict(torch.load(ck / "scheduler.pt", map_location="cpu", weights_only=False))
-        if self.acc.scaler is not None and (ck / "scaler.pt").is_file():
-            self.acc.scaler.load_state_dict(torch.load(ck / "scaler.pt", weights_only=False))
+        self.optimizer.load_state_dict(load_state(ck, "optimizer"))
+        self.scheduler.load_state_dict(load_state(ck, "scheduler"))
+        if self.acc.scaler is not None and has_state(ck, "scaler"):
+            self.acc.scaler.load_state_dict(load_state(ck, "scaler"))
         self.state = TrainState(**json.loads((ck / STATE_FILE).read_text()))
-        self._resume_rng = torch.load(ck / "rng.pt", weights_only=False)
-        self._truncate_metrics(self.state.step)
+        self._resume_rng = load_state(ck, "rng")
+        self._truncate_metrics(self.state.step, drop_eval=self.state.eval_pending)
 
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metric lines logged after the checkpoint we resume from (they will be logged again)."""
+    def _truncate_metrics(self, step: int, drop_eval: bool = False) -> None:
+        """Drop metric lines logged after the checkpoint we resume from (they will be logged again),
+        and its own evaluation line when that evaluation is to be rerun (``drop_eval``)."""
         f = self.run_dir / METRICS
         if not (self.is_main and f.is_file()):
             return
+
+        def keep_line(rec: dict) -> bool:
+            at = rec.get("step", 0)
+            return at < step or (at == step and not (drop_eval and any(k.startswith("eval/") for k in rec)))
+
         keep = []
         for ln in f.read_text(encoding="utf-8", errors="replace").splitlines():
             try:  # a line torn by a crash mid-write (or any garbage) is dropped
                 rec = json.loads(ln)
             except ValueError:
                 continue
-            if isinstance(rec, dict) and rec.get("step", 0) <= step:
+            if isinstance(rec, dict) and keep_line(rec):
                 keep.append(ln)
         atomic_write_text(f, "".join(ln + "\n" for ln in keep))
 
@@ -280,6 +292,18 @@ class Trainer:
             st.stopped_early = True
         return metrics
 
+    def _evaluate_step(self, progress) -> None:
+        """Evaluate at this step; if interrupted, leave the state as it was before the evaluation
+        began (with ``eval_pending``) so the checkpoint written on the way out reruns it whole."""
+        before = copy.deepcopy(self.state)
+        try:
+            self._evaluate(progress)
+        except KeyboardInterrupt:
+            before.eval_pending = True
+            self.state = before
+            raise
+        self.state.eval_pending = False
+
     # ---- the loop -----------------------------------------------------------------------------
     def _on_signal(self, signum, frame):  # SIGTERM -> same path as Ctrl-C
         raise KeyboardInterrupt
@@ -311,6 +335,9 @@ class Trainer:
         try:
             with self.ui.progress(self.total_steps, "train") as progress:
                 progress.update(st.step)
+                if st.eval_pending:  # interrupted during this step's evaluation: finish it first
+                    self._evaluate_step(progress)
+                    self.save_checkpoint(rng=rng_at_step_start)
                 epoch = st.epoch
                 while st.step < self.total_steps and not st.stopped_early:
                     batches = epoch_batches(self.sampler, self.train_data.lengths, self.train_data.labels,
@@ -376,7 +403,7 @@ class Trainer:
                         else:
                             progress.update(st.step)
                         if st.step % eval_every == 0 or st.step == self.total_steps:
-                            self._evaluate(progress)
+                            self._evaluate_step(progress)
                             last_eval_step = st.step
                         if st.step % save_every == 0 or st.step == self.total_steps or st.stopped_early:
                             self.save_checkpoint()
@@ -387,7 +414,7 @@ class Trainer:
                         epoch += 1
                         st.epoch, st.batch_in_epoch = epoch, 0
                 if st.step != last_eval_step:
-                    self._evaluate(progress)
+                    self._evaluate_step(progress)
                 if st.step != last_save_step:
                     self.save_checkpoint()
         except KeyboardInterrupt:

@@ -48,10 +48,39 @@ def resolve_model(name: str) -> tuple[str, bool]:
         if not (p / "config.json").is_file():
             raise ModelError(f"model folder {p} has no config.json: not a Hugging Face model folder")
         return str(p), True
-    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep + os.sep in name
+    # `runs/simcse_unsup` is a local path when `runs/` exists here: no hub id has a local first part
+    looks_local = (name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep + os.sep in name
+                   or (p.parent != Path(".") and p.parent.is_dir()))
     if p.exists() or looks_local:
         raise ModelError(f"model path does not exist: {name}")
+    check_hub_reachable(name)
     return name, False
+
+
+def check_hub_reachable(name: str, timeout: float = 3.0) -> None:
+    """Fail in seconds, not after a minute of retries, when a hub id is not cached and the hub
+    cannot be reached (no network, DNS failure, a firewall). Offline mode and cached ids skip it."""
+    if _offline():
+        return
+    try:
+        from huggingface_hub import constants, try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return
+        endpoint = constants.ENDPOINT
+    except Exception:  # an id huggingface_hub rejects: let the loader give its own message
+        return
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(endpoint)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        raise ModelError(f"model `{name}` is not a local folder or in the Hugging Face cache, and the hub "
+                         f"({host}) cannot be reached: {e.strerror or e}; pass a local folder, or set "
+                         f"HF_HUB_OFFLINE=1 to use the cache only") from None
 
 
 def _offline() -> bool:

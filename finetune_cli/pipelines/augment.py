@@ -37,7 +37,7 @@ from finetune_cli.augment.io import (
     read_input,
     write_output,
 )
-from finetune_cli.data.sources import detect_format, resolve_path
+from finetune_cli.data.sources import resolve_path
 from finetune_cli.errors import DataError, RunDirError
 from finetune_cli.fsutil import atomic_write_json, atomic_write_text, check_output_file, clean_stale_temps
 
@@ -104,9 +104,10 @@ def run_augment(cfg: AugmentConfig, ui, overwrite: bool = False) -> AugmentResul
     validate(cfg)
     data = read_input(cfg.input, cfg.format, tuple(cfg.columns), cfg.header)
     out = Path(cfg.output).expanduser()
-    out_fmt = detect_format(out, "auto") if out.suffix else data.format
+    out_fmt = out.suffix.lstrip(".").lower() if out.suffix else data.format
     if out_fmt not in OUTPUT_FORMATS:
-        raise AugmentOptionError(f"cannot write {cfg.output}: unsupported output format `{out_fmt}`")
+        raise AugmentOptionError(f"cannot write {cfg.output}: unknown output format `{out.suffix or out_fmt}`; "
+                                 f"end --output in .{', .'.join(OUTPUT_FORMATS)}")
     if out_fmt == "txt" and len(data.text_columns) > 1:
         raise AugmentOptionError(f"cannot write pairs to the plain-text file {cfg.output}; use .tsv, .csv or .jsonl")
     in_path = resolve_path(cfg.input)

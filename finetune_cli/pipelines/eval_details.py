@@ -16,13 +16,12 @@ from finetune_cli.fsutil import atomic_write_json
 from finetune_cli.metrics.calibration import calibration_metrics
 from finetune_cli.metrics.classification import confusion, per_class_metrics
 
-EVAL_FILE = "eval.json"
-
 
 def classification_details(res, logits: np.ndarray, embeddings: np.ndarray, labels: np.ndarray,
                            label_names: list[str], ui, *, bins: int, figures: bool, out_dir: Optional[Path],
-                           tsne_max: Optional[int], seed: int) -> None:
-    """Fill ``res`` (an ``EvalResult``) in place and write its files into ``out_dir``."""
+                           tsne_max: Optional[int], seed: int, name: str = "eval") -> None:
+    """Fill ``res`` (an ``EvalResult``) in place and write its files into ``out_dir``: ``<name>.json``
+    and ``figures/`` (``figures-<x>/`` for a name ``eval-<x>``, an evaluation on other data)."""
     labels = np.asarray(labels).astype(np.int64)
     pred = logits.argmax(-1)
     names = list(label_names) or [str(i) for i in range(logits.shape[-1])]
@@ -35,7 +34,7 @@ def classification_details(res, logits: np.ndarray, embeddings: np.ndarray, labe
             ui.log("figures and eval.json not written: the model is not a run directory; pass --out DIR")
         return
     out_dir = Path(out_dir)
-    res.saved_to = str(out_dir / EVAL_FILE)
+    res.saved_to = str(out_dir / f"{name}.json")
     from finetune_cli.viz._mpl import available
 
     if figures and not available():
@@ -45,7 +44,7 @@ def classification_details(res, logits: np.ndarray, embeddings: np.ndarray, labe
         from finetune_cli.viz.embeddings import tsne_plot
         from finetune_cli.viz.reliability import reliability_diagram
 
-        fig_dir = out_dir / "figures"
+        fig_dir = out_dir / ("figures" if name == "eval" else name.replace("eval-", "figures-", 1))
         cal = res.calibration
         where = "/".join(Path(res.model).parts[-3:-1]) or res.model
         title = f"{where} on {Path(res.data).name} (n={res.examples})"
@@ -58,4 +57,4 @@ def classification_details(res, logits: np.ndarray, embeddings: np.ndarray, labe
             res.figures["tsne"] = ts["path"]
         else:
             ui.log(f"t-SNE skipped: {len(labels)} examples (needs at least 4)")
-    atomic_write_json(out_dir / EVAL_FILE, res.to_dict())
+    atomic_write_json(out_dir / f"{name}.json", res.to_dict())

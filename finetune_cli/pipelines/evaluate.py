@@ -49,6 +49,8 @@ def eval_recipe(model: str, recipe_path: Optional[str], overrides: list[str]) ->
         if not overrides:
             return validate_recipe(stored)
         return validate_recipe(build_recipe(apply_overrides(to_plain(stored), overrides), stored.source))
+    if not p.exists() and (p.parent != Path(".") or model.startswith((".", "/", "~"))):
+        raise ModelError(f"model path does not exist: {model} (no such run directory or model folder)")
     if overrides:
         return validate_recipe(build_recipe(apply_overrides({}, overrides), "<command line>"))
     raise DataError(f"no evaluation data: {model} is not a run directory; pass --recipe or data.eval=FILE")
@@ -56,7 +58,9 @@ def eval_recipe(model: str, recipe_path: Optional[str], overrides: list[str]) ->
 
 def run_eval(model_name: str, recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[str] = None,
              batch_size: Optional[int] = None, bins: int = DEFAULT_BINS, figures: bool = True,
-             out: Optional[str] = None, tsne_max: Optional[int] = 2000) -> EvalResult:
+             out: Optional[str] = None, tsne_max: Optional[int] = 2000, name: str = "eval") -> EvalResult:
+    """``name``: the result file's stem in the output folder (``eval.json``; the CLI names evaluations
+    of other data than the run's own ``eval-<recipe>.json`` so ``report`` keeps reading the run's)."""
     cls = objective_class(recipe)
     out_dir = eval_output_dir(model_name, out)
     if out_dir is not None:
@@ -87,7 +91,7 @@ def run_eval(model_name: str, recipe: Recipe, ui, *, device: str = "auto", data_
 
         classification_details(res, logits, outs["embeddings"], enc.labels, names or [], ui, bins=bins,
                                figures=figures, out_dir=out_dir, tsne_max=tsne_max,
-                               seed=recipe.train.seed)
+                               seed=recipe.train.seed, name=name)
     return res
 
 

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Optional
 
+from finetune_cli.errors import RunDirError
 from finetune_cli.pipelines.train import TrainOutcome, run_train
 from finetune_cli.recipe import Recipe, RecipeError
 
@@ -51,6 +52,9 @@ def run_seeds(recipe: Recipe, seeds: Sequence[int], ui, *, device: str = "auto",
     """Train ``recipe`` once per seed; returns the outcomes in seed order."""
     if not seeds:
         raise RecipeError("--seeds is empty")
+    if (recipe.run_dir / "recipe.yaml").is_file():
+        raise RunDirError(f"{recipe.run_dir} holds a single run; --seeds writes {recipe.run_dir}/seed-<k>/ runs, "
+                          f"which would nest inside it: choose another output.name")
     if recipe.data.seed is not None:
         ui.warn(f"data.seed is fixed at {recipe.data.seed}: every seed trains on the same data sample")
     outcomes = []

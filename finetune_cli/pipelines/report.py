@@ -97,7 +97,7 @@ def load_run(run_dir: Path) -> RunRecord:
     if summary is None:
         raise DataError(f"run {run_dir} is not finished (no summary.json): rerun its `finetune train` "
                         f"command, or leave it out")
-    ev = _read_json(run_dir / "eval.json")
+    ev = _read_json(run_dir / rundir.EVAL)
     best = _read_json(run_dir / rundir.BEST / "eval_metrics.json")
     data = recipe.get("data") or {}
     labels = summary.get("labels") or []

@@ -34,6 +34,20 @@ class TrainOutcome:
     already_complete: bool = False
 
 
+def _states_problem(ck: Path) -> Optional[str]:
+    """Read the engine's state files back (never unpickled): a damage the file checks cannot see."""
+    from finetune_cli.engine.checkpoint_io import has_state, load_state
+
+    for name in ("optimizer", "scheduler", "rng", "scaler"):
+        if name == "scaler" and not has_state(ck, name):
+            continue
+        try:
+            load_state(ck, name)
+        except RunDirError as e:
+            return str(e)
+    return None
+
+
 def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[str] = None,
               resume: Optional[str] = None, overwrite: bool = False,
               callbacks: Sequence[Callable] = ()) -> TrainOutcome:
@@ -47,23 +61,24 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
         ui.log(f"run {run_dir} is already complete (summary.json); pass --overwrite to train again")
         return TrainOutcome(run_dir, summary, already_complete=True)
 
-    ui.rule(f"finetune train · {recipe.objective.name} · {run_dir}")
-    ui.log(recipe.to_yaml().rstrip())
     data = load_data(recipe, cls, data_dir_from_env(data_dir), need_train=True)
     assert data.train is not None
     for note in data.notes:
         ui.warn(note)
+    # After the data loaded: a data error is one line, not the recipe echo and then the error.
+    ui.rule(f"finetune train · {recipe.objective.name} · {run_dir}")
+    ui.log(recipe.to_yaml().rstrip())
     ui.log(f"data: {len(data.train)} train" + (f", {len(data.eval)} eval" if data.eval is not None else "")
            + (f"; labels: {', '.join(data.label_names)}" if data.label_names else ""))
 
     ck: Optional[Path] = None
     if resume:
         ck = Path(resume)
-        why = rundir.checkpoint_problem(ck) if ck.is_dir() else "not a directory"
+        why = rundir.checkpoint_problem(ck, _states_problem) if ck.is_dir() else "not a directory"
         if why is not None:
             raise RunDirError(f"--resume {resume}: not a usable checkpoint ({why})")
     else:
-        ck = rundir.intact_checkpoint(run_dir, ui.warn)
+        ck = rundir.intact_checkpoint(run_dir, ui.warn, verify=_states_problem)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe_yaml = recipe.to_yaml()

@@ -19,7 +19,7 @@ def plot_probe(results: dict[str, Any], out: Path) -> Path:
     markers = ["o", "s", "^", "D"]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     x = list(range(len(stages)))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(stages) + 3), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(stages) + 3) + 2.5, 4.5))
     for vi, (label, v) in enumerate(results["variants"].items()):
         for j, t in enumerate(tasks):
             ax.plot(x, [row[j] for row in v["matrix"]], linestyle=styles[vi % len(styles)],
@@ -30,7 +30,8 @@ def plot_probe(results: dict[str, Any], out: Path) -> Path:
     ax.set_ylabel("linear-probe accuracy")
     ax.set_title(f"probe {results['mode']}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2 if len(tasks) * len(results["variants"]) > 6 else 1)
+    # outside the axes, so no point (the last stage included) is ever hidden behind it
+    ax.legend(fontsize=8, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     out = Path(out)
     tmp = out.with_suffix(".tmp.png")

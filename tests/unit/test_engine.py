@@ -135,17 +135,17 @@ def test_nan_loss_stops_with_step_and_keeps_checkpoint(tiny_recipe, tmp_path):
 def test_failed_checkpoint_write_leaves_nothing_half_written(tiny_recipe, tmp_path, monkeypatch):
     import finetune_cli.engine.trainer as tr
 
-    real_save = torch.save
+    real_save = tr.save_state
     state = {"n": 0}
 
-    def failing_save(obj, f, *a, **k):
-        if str(f).endswith("scheduler.pt"):
+    def failing_save(obj, directory, name):
+        if name == "scheduler":
             state["n"] += 1
             if state["n"] == 2:
                 raise OSError("disk full")
-        return real_save(obj, f, *a, **k)
+        return real_save(obj, directory, name)
 
-    monkeypatch.setattr(tr.torch, "save", failing_save)
+    monkeypatch.setattr(tr, "save_state", failing_save)
     from finetune_cli.errors import OutputError
 
     with pytest.raises(OutputError, match="checkpoint-4"):
@@ -154,7 +154,7 @@ def test_failed_checkpoint_write_leaves_nothing_half_written(tiny_recipe, tmp_pa
     names = sorted(p.name for p in d.iterdir())
     assert "checkpoint-2" in names and "checkpoint-4" not in names
     assert not [n for n in names if n.endswith(".tmp")]
-    monkeypatch.setattr(tr.torch, "save", real_save)
+    monkeypatch.setattr(tr, "save_state", real_save)
     out = _train(tiny_recipe("train.save_every=2"))
     assert out.resumed_from.name == "checkpoint-2" and out.summary["steps"] == 8
 
@@ -177,3 +177,38 @@ def test_consecutive_runs_with_different_precision_in_one_process(tiny_recipe, t
     a = _train(tiny_recipe("train.max_steps=2", "train.precision=fp32", f"output.dir={tmp_path / 'a'}"))
     b = _train(tiny_recipe("train.max_steps=2", "train.precision=bf16", f"output.dir={tmp_path / 'b'}"))
     assert a.summary["precision"] == "no" and b.summary["precision"] == "bf16"
+
+
+@pytest.mark.parametrize("during", ["training step 4's evaluation", "the final evaluation"])
+def test_ctrl_c_during_an_evaluation_loses_nothing(tiny_recipe, tmp_path, monkeypatch, during):
+    """Ctrl-C while evaluating: the resumed run reruns that evaluation, so metrics.jsonl, best/ and
+    final/ equal an uninterrupted run's (the README promises the same weights *and metrics*)."""
+    import finetune_cli.engine.trainer as tr
+
+    def metrics_lines(run):
+        return [{k: v for k, v in json.loads(x).items() if k != "samples_per_s"}
+                for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+    ref = _train(tiny_recipe("train.eval_every=2", "output.name=ref")).run_dir
+    calls = {"n": 0}
+    stop_at = 2 if during.startswith("training") else 4  # 4 evaluations: steps 2, 4, 6, 8
+    real = tr.Trainer._evaluate
+
+    def interrupting(self, progress):
+        calls["n"] += 1
+        if calls["n"] == stop_at:
+            self.evaluate_fn(self.unwrapped())  # half-way: the metrics were computed, nothing recorded
+            raise KeyboardInterrupt
+        return real(self, progress)
+
+    monkeypatch.setattr(tr.Trainer, "_evaluate", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        _train(tiny_recipe("train.eval_every=2", "output.name=cut"))
+    monkeypatch.setattr(tr.Trainer, "_evaluate", real)
+    out = _train(tiny_recipe("train.eval_every=2", "output.name=cut"))
+    assert out.resumed_from is not None
+    assert metrics_lines(out.run_dir) == metrics_lines(ref)
+    _assert_same_weights(out.run_dir / "best", ref / "best")
+    _assert_same_weights(out.run_dir / "final", ref / "final")
+    s, r = (json.loads((d / "summary.json").read_text()) for d in (out.run_dir, ref))
+    assert (s["best_step"], s["best_metric"]) == (r["best_step"], r["best_metric"])

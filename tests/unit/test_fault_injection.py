@@ -116,8 +116,10 @@ def _resume_after_damage(runs, tmp_path, rel: str, how: str) -> None:
     ("model/model.safetensors", "truncate"),
     ("model/finetune_head.safetensors", "garbage"),
     ("model/config.json", "truncate"),
-    ("optimizer.pt", "garbage"),
-    ("rng.pt", "truncate"),
+    ("optimizer.json", "garbage"),
+    ("optimizer.safetensors", "truncate"),
+    ("rng.json", "truncate"),
+    ("scheduler.json", "garbage"),
 ])
 def test_damaged_newest_checkpoint_resumes_from_the_previous_one(runs, tmp_path, rel, how):
     _resume_after_damage(runs, tmp_path, rel, how)
@@ -143,7 +145,9 @@ def test_no_intact_checkpoint_refuses_with_one_line(runs, tmp_path):
     run, recipe = _copy_cut(runs, tmp_path)
     for ck in ("checkpoint-3", "checkpoint-4", "checkpoint-5"):
         _damage(run / ck / "trainer_state.json", "truncate")
-    res = CliRunner().invoke(app, ["train", "-r", "quickstart", *recipe, "--device", "cpu", "-q"])
+    empty = tmp_path / "defaults.yaml"  # the recipe _train builds: defaults plus the overrides
+    empty.write_text("{}\n")
+    res = CliRunner().invoke(app, ["train", "-r", str(empty), *recipe, "--device", "cpu", "-q"])
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.exit_code == 2 and len(lines) == 1, res.stderr
     assert "no intact checkpoint" in lines[0] and "checkpoint-5: trainer_state.json" in lines[0]
@@ -170,7 +174,7 @@ def test_crash_before_the_first_checkpoint_restarts_the_log(runs, tmp_path):
     _assert_same_run(_train(ref).run_dir, run)  # no step logged twice
 
 
-@pytest.mark.parametrize("fail_at", ["model", "optimizer.pt", "trainer_state.json"])
+@pytest.mark.parametrize("fail_at", ["model", "optimizer", "trainer_state.json"])
 def test_full_disk_mid_checkpoint_keeps_the_previous_one(runs, tmp_path, monkeypatch, fail_at):
     """The disk fills while checkpoint-4 is written: one line naming the disk and the file, no
     partial checkpoint, checkpoint-3 kept; after space is freed the rerun resumes and ends the same."""
@@ -178,16 +182,16 @@ def test_full_disk_mid_checkpoint_keeps_the_previous_one(runs, tmp_path, monkeyp
 
     recipe = runs["recipe"](tmp_path)
     full = OSError(errno.ENOSPC, "No space left on device")
-    real_save, real_write_text = torch.save, Path.write_text
+    real_save, real_write_text = tr.save_state, Path.write_text
 
     def in_ck4(p) -> bool:
         return ".checkpoint-4." in str(p)
 
-    def save(obj, f, *a, **k):
-        if in_ck4(f) and str(f).endswith(fail_at):
-            full.filename = str(f)
+    def save(obj, directory, name):
+        if in_ck4(directory) and name == fail_at:
+            full.filename = str(Path(directory) / f"{name}.safetensors")
             raise full
-        return real_save(obj, f, *a, **k)
+        return real_save(obj, directory, name)
 
     def write_text(self, *a, **k):
         if in_ck4(self) and self.name == fail_at:
@@ -195,7 +199,7 @@ def test_full_disk_mid_checkpoint_keeps_the_previous_one(runs, tmp_path, monkeyp
             raise full
         return real_write_text(self, *a, **k)
 
-    monkeypatch.setattr(tr.torch, "save", save)
+    monkeypatch.setattr(tr, "save_state", save)
     monkeypatch.setattr(Path, "write_text", write_text)
     if fail_at == "model":
         real_init = tr.Trainer.__init__
@@ -212,7 +216,9 @@ def test_full_disk_mid_checkpoint_keeps_the_previous_one(runs, tmp_path, monkeyp
             self.save_model_fn = save_model_fn
         monkeypatch.setattr(tr.Trainer, "__init__", init)
 
-    res = CliRunner().invoke(app, ["train", "-r", "quickstart", *recipe, "--device", "cpu", "-q"])
+    empty = tmp_path / "defaults.yaml"
+    empty.write_text("{}\n")
+    res = CliRunner().invoke(app, ["train", "-r", str(empty), *recipe, "--device", "cpu", "-q"])
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.exit_code == 4 and len(lines) == 1, res.output
     assert "no space left" in lines[0] and "checkpoint-4" in lines[0] and str(tmp_path) in lines[0], lines[0]

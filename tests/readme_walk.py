@@ -1,0 +1,213 @@
+"""Walk the README as a newcomer would: extract its shell commands and run them, in order, in a
+fresh copy of the project's layout, with small-size overrides so the walk takes minutes.
+
+Which commands run:
+- every command in a ```bash fence (continuation lines joined; comment-only lines dropped); fences
+  without a language (the synopsis at the top) are not commands to run;
+- a command whose line carries ``# needs: hub`` or ``# needs: gpu`` is skipped with that reason (the
+  Hugging Face hub is unreachable here and the tests never need a GPU); ``# needs: data`` (or any
+  mention of ``../shared/data``) runs only when the shared data folder exists; ``# walk: skip
+  (reason)`` skips with the reason given;
+- ``make quickstart`` runs the commands of the Makefile's ``quickstart`` target (the venv is the one
+  running the tests); ``make test`` and other test/lint targets are the suite itself and are skipped.
+
+Small sizes: ``finetune train`` and ``finetune probe`` commands get overrides appended (two
+optimizer steps, a few dozen examples); nothing else is changed. Everything runs through ``bash`` with
+the test's virtualenv first on ``PATH``, ``HF_HUB_OFFLINE=1`` and a private ``FINETUNE_CACHE``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("FINETUNE_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+TRAIN_CAPS = ("train.max_steps=2", "train.eval_every=2", "data.max_eval_samples=48")
+PROBE_CAPS = ("train.max_steps=2",)
+PROBE_TASK_CAPS = ("data.max_train_samples=48", "data.max_eval_samples=32")
+_MARK = re.compile(r"#\s*(needs:\s*(hub|gpu|data)|walk:\s*skip\s*\(([^)]*)\))")
+
+
+@dataclass
+class Command:
+    line: int  # 1-based line of the README where it starts
+    text: str  # the command as written (continuations joined, trailing comment removed)
+    needs: list[str] = field(default_factory=list)  # hub, gpu, data
+    skip: Optional[str] = None  # `walk: skip (reason)`
+
+
+def _strip_comment(line: str) -> str:
+    """Drop a trailing `# comment` outside quotes (a `#` must follow whitespace to start one)."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def readme_commands(text: str) -> list[Command]:
+    out: list[Command] = []
+    fence: Optional[str] = None
+    pending: Optional[Command] = None
+    for n, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        if stripped.startswith("```"):
+            fence = None if fence is not None else (stripped[3:].strip() or "plain")
+            pending = None
+            continue
+        if fence != "bash" or not stripped or (stripped.startswith("#") and pending is None):
+            continue
+        cmd = pending or Command(line=n, text="")
+        for m in _MARK.finditer(raw):
+            if m.group(2):
+                cmd.needs.append(m.group(2))
+            else:
+                cmd.skip = m.group(3).strip() or "marked"
+        body = _strip_comment(raw)
+        cont = body.endswith("\\")
+        cmd.text = (cmd.text + " " + body.rstrip("\\").strip()).strip()
+        if cont:
+            pending = cmd
+            continue
+        pending = None
+        if "../shared/data" in cmd.text and "data" not in cmd.needs:
+            cmd.needs.append("data")
+        out.append(cmd)
+    return out
+
+
+def makefile_target(target: str) -> list[str]:
+    """The shell lines of a Makefile target, with ``$(BIN)/`` made a PATH lookup."""
+    lines, inside = [], False
+    for raw in (REPO / "Makefile").read_text().splitlines():
+        if re.match(rf"^{re.escape(target)}\s*:", raw):
+            inside = True
+            continue
+        if inside:
+            if raw.startswith("\t"):
+                lines.append(raw.strip().replace("$(BIN)/", ""))
+            elif raw.strip():
+                break
+    return lines
+
+
+def probe_tasks() -> list[str]:
+    import yaml
+
+    data = yaml.safe_load((REPO / "recipes" / "probe_sequential.yaml").read_text())
+    return list((data.get("probe") or {}).get("tasks") or {})
+
+
+def with_caps(cmd: str) -> str:
+    """Append the small-size overrides to a plain `finetune train|probe` command."""
+    if re.search(r"[;|&<>]|\bfor\b", cmd):
+        return cmd
+    if cmd.startswith("finetune train"):
+        caps = list(TRAIN_CAPS)
+        if "few_shot" not in cmd and "max_train_samples" not in cmd:
+            caps.append("data.max_train_samples=64")
+        return f"{cmd} {' '.join(caps)}"
+    if cmd.startswith("finetune probe"):
+        caps = list(PROBE_CAPS) + [f"probe.tasks.{t}.{c}" for t in probe_tasks() for c in PROBE_TASK_CAPS]
+        return f"{cmd} {' '.join(caps)}"
+    return cmd
+
+
+@dataclass
+class Outcome:
+    command: Command
+    status: str  # ran, failed, skipped
+    reason: str = ""
+    seconds: float = 0.0
+    output: str = ""
+
+
+def make_layout(root: Path) -> Path:
+    """``root/work`` (the working directory: the repo's recipes/, experiments/, scripts/ and bench/
+    linked in) beside ``root/shared`` (linked to the shared data, when it exists)."""
+    work = root / "work"
+    work.mkdir(parents=True)
+    for name in ("recipes", "experiments", "scripts", "bench", "examples", "Makefile"):
+        if (REPO / name).exists():
+            (work / name).symlink_to(REPO / name)
+    if SHARED.is_dir():
+        (root / "shared").mkdir()
+        (root / "shared" / "data").symlink_to(SHARED)
+    return work
+
+
+def walk(commands: list[Command], work: Path, *, timeout: float = 600.0) -> list[Outcome]:
+    env = {k: v for k, v in os.environ.items() if k not in ("FINETUNE_DATA_DIR", "PYTEST_CURRENT_TEST")}
+    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", HF_HUB_OFFLINE="1", CI="1",
+               TOKENIZERS_PARALLELISM="false", FINETUNE_CACHE=str(work.parent / "cache"), MPLBACKEND="Agg")
+    results = []
+    for c in commands:
+        if c.skip:
+            results.append(Outcome(c, "skipped", c.skip))
+            continue
+        if "hub" in c.needs or "gpu" in c.needs:
+            what = "the Hugging Face hub" if "hub" in c.needs else "a GPU"
+            results.append(Outcome(c, "skipped", f"needs {what}"))
+            continue
+        if "data" in c.needs and not SHARED.is_dir():
+            results.append(Outcome(c, "skipped", f"needs {SHARED}"))
+            continue
+        script = [c.text]
+        if c.text.startswith("make "):
+            target = c.text.split()[1]
+            if target != "quickstart":
+                results.append(Outcome(c, "skipped", f"`make {target}` is the test suite or its set-up"))
+                continue
+            script = makefile_target("quickstart")
+        t0 = time.perf_counter()
+        ok, out = True, ""
+        for line in script:
+            try:
+                p = subprocess.run(["bash", "-c", with_caps(line)], cwd=work, env=env, capture_output=True,
+                                   text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                ok, out = p.returncode == 0, (p.stdout + p.stderr)[-2000:]
+            except subprocess.TimeoutExpired:
+                ok, out = False, f"timed out after {timeout:.0f} s"
+            if not ok:
+                break
+        results.append(Outcome(c, "ran" if ok else "failed", seconds=time.perf_counter() - t0, output=out))
+    return results
+
+
+def summary(results: list[Outcome]) -> str:
+    ran = [r for r in results if r.status == "ran"]
+    failed = [r for r in results if r.status == "failed"]
+    skipped = [r for r in results if r.status == "skipped"]
+    lines = [f"README walk: {len(ran)} ran, {len(failed)} failed, {len(skipped)} skipped "
+             f"in {sum(r.seconds for r in results):.0f} s"]
+    for r in failed:
+        lines.append(f"FAILED README.md:{r.command.line}: {r.command.text}\n{r.output}")
+    for r in skipped:
+        lines.append(f"skipped README.md:{r.command.line}: {r.reason}: {r.command.text[:90]}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python tests/readme_walk.py: walk the README in a temporary folder
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="readme-walk-"))
+    try:
+        res = walk(readme_commands((REPO / "README.md").read_text()), make_layout(root))
+        print(summary(res))
+        sys.exit(1 if any(r.status == "failed" for r in res) else 0)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
