@@ -423,3 +423,52 @@ def test_table_size():
     assert len(ids) == len(set(ids)) and len(ids) >= 60
     commands = {c.values[0].argv[0] for c in CASES}
     assert commands == {"train", "eval", "embed", "augment", "probe", "report", "recipes"}
+
+
+def test_outputs_follow_the_umask(tmp_path):
+    from finetune_cli.fsutil import atomic_dir, atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "f.json", "{}")
+        with atomic_dir(tmp_path / "d") as d:
+            (d / "x").write_text("x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
+
+
+def test_token_cache_is_never_unpickled(tmp_path, tiny_model_dir, monkeypatch):
+    """A crafted pickle in place of a cache entry is not executed: it is not a valid .npz of integer
+    arrays, so it is recomputed (and replaced by one)."""
+    import pickle
+
+    from transformers import AutoTokenizer
+
+    from finetune_cli.data import encode as E
+    from finetune_cli.data.sources import Table
+
+    monkeypatch.setenv("FINETUNE_CACHE", str(tmp_path / "cache"))
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    t = Table({"text": ["a cat", "the dog ran"]}, "<t>")
+    first = E.encode_table(t, tok, 16, ("text",), joint=False)
+    (entry,) = list(E.cache_dir().glob("*.npz"))
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    entry.write_bytes(pickle.dumps(Evil()))
+    again = E.encode_table(t, tok, 16, ("text",), joint=False)
+    assert not marker.exists()
+    assert again.views == first.views
+    with np_load(entry) as z:  # rewritten as plain arrays
+        assert all(z[k].dtype.kind in "iu" for k in z.files)
+
+
+def np_load(p):
+    import numpy as np
+
+    return np.load(p, allow_pickle=False)
