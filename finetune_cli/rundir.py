@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import yaml
 
-from finetune_cli.errors import RecipeError, RunDirError
+from finetune_cli.errors import CorruptCheckpointError, RecipeError, RunDirError
 from finetune_cli.recipe import Recipe, build_recipe
 
 RECIPE = "recipe.yaml"
@@ -177,8 +177,8 @@ def intact_checkpoint(run_dir: Path, warn: Callable[[str], None],
         damaged.append((ck.name, why))
     if damaged:
         listed = "; ".join(f"{n}: {w}" for n, w in damaged)
-        raise RunDirError(f"no intact checkpoint in {run_dir} to resume from ({listed}); pass --overwrite to "
-                          f"train from scratch")
+        raise CorruptCheckpointError(f"no intact checkpoint in {run_dir} to resume from ({listed}); pass "
+                                     f"--overwrite to train from scratch")
     return None
 
 
