@@ -2,7 +2,9 @@
 
 ``encode_table`` tokenises every example once (no padding) and caches the token ids on disk
 (``$FINETUNE_CACHE``, default ``~/.cache/finetune_cli``) keyed by the tokenizer, the max length
-and the texts themselves, so a rerun or a resumed run skips it. ``collate`` pads a batch to its
+and the texts themselves, so a rerun or a resumed run skips it. The cache is a plain ``.npz`` of
+integer arrays read with ``allow_pickle=False``: a cache file someone else wrote can be wrong at
+worst (then it is recomputed), never code. ``collate`` pads a batch to its
 own longest row (dynamic padding), which with length-grouped batches wastes few tokens.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
-import pickle
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -60,19 +62,52 @@ def _tokenize(tokenizer, a: list[str], b: Optional[list[str]], max_length: int) 
     return {k: list(enc[k]) for k in ("input_ids", "token_type_ids") if k in enc}
 
 
+def _save_views(path: Path, views: list[dict[str, list[list[int]]]]) -> None:
+    """Each ragged ``list[list[int]]`` as a flat int32 array plus offsets, in one ``.npz``."""
+    arrays: dict[str, np.ndarray] = {}
+    for i, v in enumerate(views):
+        for k, rows in v.items():
+            lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+            arrays[f"v{i}.{k}.offsets"] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            arrays[f"v{i}.{k}.flat"] = np.fromiter((t for r in rows for t in r), dtype=np.int32,
+                                                   count=int(lengths.sum()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+    try:
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _load_views(path: Path, n: int) -> Optional[list[dict[str, list[list[int]]]]]:
+    """The cached views, or None when the file is missing, damaged or does not fit ``n`` rows."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            views: dict[int, dict[str, list[list[int]]]] = {}
+            for name in z.files:
+                if not name.endswith(".flat"):
+                    continue
+                vi, key, _ = name.split(".")
+                flat, off = z[name], z[f"{vi}.{key}.offsets"]
+                if flat.dtype.kind not in "iu" or off.shape != (n + 1,) or off[-1] != len(flat):
+                    return None
+                flat_l = flat.tolist()
+                views.setdefault(int(vi[1:]), {})[key] = [flat_l[a:b] for a, b in zip(off[:-1], off[1:], strict=True)]
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return None
+    if not views or sorted(views) != list(range(len(views))):
+        return None
+    return [views[i] for i in range(len(views))]
+
+
 def encode_table(t: Table, tokenizer, max_length: int, text_columns: tuple[str, ...], joint: bool,
                  use_cache: bool = True) -> EncodedData:
     """Tokenise ``text_columns`` of ``t``: jointly as one pair sequence or each on its own."""
     texts = [[str(x) for x in t.columns[c]] for c in text_columns if c in t.columns]
     key = _cache_key(tokenizer, max_length, texts, joint)
-    path = cache_dir() / f"{key}.pkl"
-    views = None
-    if use_cache and path.is_file():
-        try:
-            with path.open("rb") as f:
-                views = pickle.load(f)
-        except Exception:  # a corrupt cache entry is just recomputed
-            views = None
+    path = cache_dir() / f"{key}.npz"
+    views = _load_views(path, len(t)) if use_cache and path.is_file() else None
     if views is None:
         if joint:
             views = [_tokenize(tokenizer, texts[0], texts[1] if len(texts) > 1 else None, max_length)]
@@ -80,13 +115,9 @@ def encode_table(t: Table, tokenizer, max_length: int, text_columns: tuple[str, 
             views = [_tokenize(tokenizer, col, None, max_length) for col in texts]
         if use_cache:
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                with tmp.open("wb") as f:
-                    pickle.dump(views, f, protocol=pickle.HIGHEST_PROTOCOL)
-                os.replace(tmp, path)
+                _save_views(path, views)
             except OSError:
-                pass  # a read-only cache is not an error
+                pass  # a read-only or full cache is not an error
     lengths = np.max(np.stack([np.fromiter((len(x) for x in v["input_ids"]), dtype=np.int64, count=len(t))
                                for v in views]), axis=0)
     labels = None

@@ -7,15 +7,16 @@ all integers). Evaluation labels never seen in training are an error, as is a ro
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
 from finetune_cli.data import glue
-from finetune_cli.data.sources import DATA_DIR_ENV, Table, read_file, read_hub
+from finetune_cli.data.sources import DATA_DIR_ENV, Table, is_missing, read_file, read_hub
 from finetune_cli.errors import DataError
 from finetune_cli.recipe import DataConfig
 
@@ -26,6 +27,7 @@ class TaskData:
     eval: Optional[Table]
     label_names: Optional[list[str]]  # None for regression / unlabeled
     label_type: Optional[str]
+    notes: list[str] = field(default_factory=list)  # e.g. rows dropped by data.drop_invalid
 
     @property
     def num_labels(self) -> int:
@@ -63,7 +65,7 @@ def _read(cfg: DataConfig, which: str, data_dir: Optional[Path], required: tuple
         if task is not None and data_dir is not None:
             path = glue.local_file(task, data_dir, split, cfg.train_split)
             cm = {k: v for k, v in task.local_cols.items() if k in required or k == "text_pair"}
-            t = read_file(str(path), cm, "tsv", task.header)
+            t = read_file(str(path), cm, "tsv", task.header, encoding=cfg.encoding)
             if task.local_label_map and "label" in t.columns:
                 t.columns["label"] = [task.local_label_map.get(str(v).strip(), v) for v in t.columns["label"]]
             t.label_names = list(task.label_names) if task.label_names else None
@@ -74,7 +76,7 @@ def _read(cfg: DataConfig, which: str, data_dir: Optional[Path], required: tuple
     path = cfg.train if which == "train" else cfg.eval
     if path is None:
         return None
-    return read_file(path, colmap, cfg.format, cfg.header)
+    return read_file(path, colmap, cfg.format, cfg.header, encoding=cfg.encoding)
 
 
 def _is_int(s: str) -> bool:
@@ -85,11 +87,50 @@ def _is_int(s: str) -> bool:
         return False
 
 
+def _row(t: Table, i: int) -> int:
+    return t.row_ids[i] if t.row_ids else i + 1
+
+
 def _check_labels_present(t: Table) -> None:
     for i, v in enumerate(t.columns["label"]):
-        if v is None or (isinstance(v, str) and not v.strip()):
-            row = t.row_ids[i] if t.row_ids else i + 1
-            raise DataError(f"row {row} of {t.source} has no label (unlabeled data cannot train this objective)")
+        if is_missing(v, ("nan",)):
+            raise DataError(f"row {_row(t, i)} of {t.source} has no label ({v!r}; unlabeled data cannot train this "
+                            f"objective; data.drop_invalid=true drops such rows)")
+
+
+def invalid_row(t: Table, i: int, text_columns: tuple[str, ...], label: bool) -> Optional[str]:
+    """Why row ``i`` cannot be used (a missing label, a missing/empty/non-text text), or None."""
+    for c in text_columns:
+        if c not in t.columns:
+            continue
+        v = t.columns[c][i]
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return f"has no text in column `{c}` (null)"
+        if not isinstance(v, str):
+            return f"has {type(v).__name__} {v!r} in text column `{c}`, not a string"
+        if not v.strip():
+            return f"has an empty text in column `{c}`"
+    if label and "label" in t.columns and is_missing(t.columns["label"][i], ("nan",)):
+        return f"has no label ({t.columns['label'][i]!r})"
+    return None
+
+
+def check_rows(t: Table, text_columns: tuple[str, ...], label: bool, drop: bool, notes: list[str]) -> Table:
+    """Refuse (or, with ``drop``, drop and count) rows with a missing label or a bad text."""
+    bad = [(i, why) for i in range(len(t)) if (why := invalid_row(t, i, text_columns, label)) is not None]
+    if not bad:
+        return t
+    if not drop:
+        i, why = bad[0]
+        more = f" ({len(bad) - 1} more such rows)" if len(bad) > 1 else ""
+        raise DataError(f"row {_row(t, i)} of {t.source} {why}{more}; fix the data or set data.drop_invalid=true "
+                        f"to drop such rows")
+    keep = sorted(set(range(len(t))) - {i for i, _ in bad})
+    if not keep:
+        raise DataError(f"every row of {t.source} is invalid (e.g. row {_row(t, bad[0][0])} {bad[0][1]})")
+    notes.append(f"dropped {len(bad)} of {len(t)} rows of {t.source} (data.drop_invalid): first, row "
+                 f"{_row(t, bad[0][0])} {bad[0][1]}")
+    return t.select(keep)
 
 
 def _map_class_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConfig) -> list[str]:
@@ -154,11 +195,14 @@ def _map_float_labels(t: Optional[Table]) -> None:
     out = []
     for i, v in enumerate(t.columns["label"]):
         try:
-            out.append(float(v))
+            f = float(v)
         except (TypeError, ValueError):
-            row = t.row_ids[i] if t.row_ids else i + 1
-            raise DataError(f"label `{v}` in row {row} of {t.source} is not a number (this objective needs "
+            raise DataError(f"label `{v}` in row {_row(t, i)} of {t.source} is not a number (this objective needs "
                             f"a regression score)") from None
+        if not math.isfinite(f):
+            raise DataError(f"label `{v}` in row {_row(t, i)} of {t.source} is not a finite number (a gold score "
+                            f"must be finite)")
+        out.append(f)
     t.columns["label"] = out
 
 
@@ -193,6 +237,9 @@ def load_task_data(cfg: DataConfig, *, seed: int, label_type: Optional[str], req
     ev = _read(cfg, "eval", data_dir, required_columns) if (need_eval or cfg.eval or cfg.dataset) else None
     if need_eval and ev is None:
         raise DataError("no evaluation data: set data.eval (or data.dataset with data.eval_split)")
+    notes: list[str] = []
+    text_cols = tuple(c for c in ("text", "text_pair", "hard_neg") if c in required_columns or c == "text_pair")
+    checked: list[Optional[Table]] = []
     for t, what in ((train, "training"), (ev, "evaluation")):
         if t is not None and len(t) == 0:
             raise DataError(f"{what} data {t.source} is empty")
@@ -200,6 +247,10 @@ def load_task_data(cfg: DataConfig, *, seed: int, label_type: Optional[str], req
             for col in required_columns:
                 if col not in t.columns:
                     raise DataError(f"{what} data {t.source} has no `{col}` column (set data.columns.{col})")
+            t = check_rows(t, text_cols, label_type is not None and "label" in required_columns, cfg.drop_invalid,
+                           notes)
+        checked.append(t)
+    train, ev = checked
     names: Optional[list[str]] = None
     if label_type == "class":
         names = _map_class_labels(train, ev, cfg)
@@ -218,4 +269,4 @@ def load_task_data(cfg: DataConfig, *, seed: int, label_type: Optional[str], req
             train = subsample(train, cfg.max_train_samples, seed)
     if ev is not None and cfg.max_eval_samples:
         ev = subsample(ev, cfg.max_eval_samples, seed)
-    return TaskData(train, ev, names, label_type)
+    return TaskData(train, ev, names, label_type, notes)

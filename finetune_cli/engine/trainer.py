@@ -263,7 +263,14 @@ class Trainer:
             at = rec.get("step", 0)
             return at < step or (at == step and not (drop_eval and any(k.startswith("eval/") for k in rec)))
 
-        keep = [ln for ln in f.read_text().splitlines() if ln.strip() and keep_line(json.loads(ln))]
+        keep = []
+        for ln in f.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:  # a line torn by a crash mid-write (or any garbage) is dropped
+                rec = json.loads(ln)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and keep_line(rec):
+                keep.append(ln)
         atomic_write_text(f, "".join(ln + "\n" for ln in keep))
 
     def _log_metrics(self, record: dict[str, Any]) -> None:
@@ -374,6 +381,8 @@ class Trainer:
             restore_rng(self._resume_rng)
         else:
             seed_everything(cfg.seed)
+            if self.is_main:  # a run that died before its first checkpoint: its log starts afresh
+                (self.run_dir / METRICS).unlink(missing_ok=True)
         import yaml
 
         tracking.start(self.acc, cfg.report_to, self.run_dir, yaml.safe_load(self.recipe_yaml) or {},

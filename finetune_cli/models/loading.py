@@ -19,7 +19,7 @@ from typing import Optional
 from safetensors.torch import load_file, save_file
 
 from finetune_cli import rundir
-from finetune_cli.errors import ModelError
+from finetune_cli.errors import ModelError, RecipeError
 from finetune_cli.models.text_model import HeadSpec, TextModel
 
 HEAD_WEIGHTS = "finetune_head.safetensors"
@@ -96,13 +96,29 @@ def _hub_error(name: str, err: Exception) -> ModelError:
                       f"(no network, or no such model?): {reason}")
 
 
+def _local_error(path: str, err: Exception) -> ModelError:
+    """A local model folder that does not load: name the damaged file when one is found."""
+    why = rundir.folder_problem(Path(path))
+    if why is None:
+        why = " ".join(str(err).split())[:200]
+    return ModelError(f"cannot load the model in {path}: {why}")
+
+
+def _is_local(path: str) -> bool:
+    return Path(path).is_dir()
+
+
 def load_tokenizer(path: str, revision: Optional[str] = None):
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(path, revision=revision)
-    except (OSError, ValueError) as e:
-        raise _hub_error(path, e) from None
+    except Exception as e:  # noqa: BLE001 - tokenizers raise many types on a damaged folder
+        if _is_local(path):
+            raise _local_error(path, e) from None
+        if isinstance(e, (OSError, ValueError)):
+            raise _hub_error(path, e) from None
+        raise
 
 
 def load_encoder(path: str, revision: Optional[str] = None):
@@ -110,18 +126,50 @@ def load_encoder(path: str, revision: Optional[str] = None):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    kw = {"use_safetensors": True} if _is_local(path) and any(Path(path).glob("*.safetensors")) else {}
     try:
-        return AutoModel.from_pretrained(path, revision=revision)
-    except (OSError, ValueError) as e:
-        raise _hub_error(path, e) from None
+        return AutoModel.from_pretrained(path, revision=revision, **kw)
+    except Exception as e:  # noqa: BLE001 - safetensors, json and torch errors on a damaged folder
+        if _is_local(path):
+            raise _local_error(path, e) from None
+        if isinstance(e, (OSError, ValueError)):
+            raise _hub_error(path, e) from None
+        raise
 
 
 def read_head_spec(path: str) -> Optional[HeadSpec]:
     f = Path(path) / HEAD_SPEC
     if not f.is_file():
         return None
-    data = json.loads(f.read_text())
-    return HeadSpec(**{k: v for k, v in data.items() if k in HeadSpec.__dataclass_fields__})
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON object expected, got {type(data).__name__}")
+        return HeadSpec(**{k: v for k, v in data.items() if k in HeadSpec.__dataclass_fields__})
+    except (OSError, ValueError, TypeError) as e:
+        raise ModelError(f"cannot load the model in {path}: {HEAD_SPEC} is damaged "
+                         f"({' '.join(str(e).split())[:120]})") from None
+
+
+def position_limit(encoder) -> Optional[int]:
+    """The longest input (in tokens, special ones included) the encoder's position embeddings
+    cover: ``max_position_embeddings``, less RoBERTa's padding offset."""
+    cfg = getattr(encoder, "config", None)
+    n = getattr(cfg, "max_position_embeddings", None)
+    if not isinstance(n, int) or n <= 0:
+        return None
+    if getattr(cfg, "model_type", "") in ("roberta", "xlm-roberta", "camembert", "longformer"):
+        n -= (getattr(cfg, "pad_token_id", 1) or 1) + 1
+    return n
+
+
+def check_max_length(model, max_length: int, key: str, where: str) -> None:
+    """Refuse a ``max_length`` longer than the model's position embeddings (the encoder would fail
+    with a tensor-size mismatch on the first long input)."""
+    limit = position_limit(getattr(model, "encoder", model))
+    if limit is not None and max_length > limit:
+        raise RecipeError(f"{key} {max_length} is above the position limit of the model {where} ({limit} tokens); "
+                          f"set {key} to {limit} or less")
 
 
 def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Optional[str] = None):
@@ -140,7 +188,10 @@ def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Option
     model = TextModel(encoder, spec)
     hw = Path(path) / HEAD_WEIGHTS
     if saved is not None and hw.is_file():
-        state = load_file(str(hw))
+        try:
+            state = load_file(str(hw))
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type
+            raise _local_error(path, e) from None
         own = model.state_dict()
         compatible = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
         if saved.num_labels == spec.num_labels and saved.spectral_norm == spec.spectral_norm:

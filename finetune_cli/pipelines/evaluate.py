@@ -13,8 +13,9 @@ from finetune_cli.engine.device import resolve_device
 from finetune_cli.engine.evaluation import evaluate_logits
 from finetune_cli.engine.inference import forward_all
 from finetune_cli.errors import DataError, ModelError
+from finetune_cli.fsutil import check_writable_dir
 from finetune_cli.metrics.calibration import DEFAULT_BINS
-from finetune_cli.models.loading import load_text_model
+from finetune_cli.models.loading import check_max_length, load_text_model
 from finetune_cli.objectives.registry import validate_recipe
 from finetune_cli.pipelines.common import encode, load_data, objective_class
 from finetune_cli.pipelines.recipes import load_recipe
@@ -62,7 +63,11 @@ def run_eval(model_name: str, recipe: Recipe, ui, *, device: str = "auto", data_
     """``name``: the result file's stem in the output folder (``eval.json``; the CLI names evaluations
     of other data than the run's own ``eval-<recipe>.json`` so ``report`` keeps reading the run's)."""
     cls = objective_class(recipe)
+    out_dir = eval_output_dir(model_name, out)
+    if out_dir is not None:
+        check_writable_dir(out_dir, "--out folder" if out is not None else "run directory")
     model, tokenizer, path = load_text_model(model_name)
+    check_max_length(model, recipe.model.max_length, "model.max_length", path)
     if model.classifier is None:
         raise ModelError(f"model {path} has no classification head; `finetune eval` of classification needs one")
     id2label = getattr(model.config, "id2label", None) or {}
@@ -70,6 +75,8 @@ def run_eval(model_name: str, recipe: Recipe, ui, *, device: str = "auto", data_
     cfg = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, label_names=names))
     data = load_data(cfg, cls, data_dir_from_env(data_dir), need_train=False, need_eval=True)
     assert data.eval is not None
+    for note in data.notes:
+        ui.warn(note)
     enc = encode(recipe, cls, data.eval, tokenizer)
     dev = resolve_device(device)
     model.to(dev)
@@ -84,7 +91,7 @@ def run_eval(model_name: str, recipe: Recipe, ui, *, device: str = "auto", data_
         from finetune_cli.pipelines.eval_details import classification_details
 
         classification_details(res, logits, outs["embeddings"], enc.labels, names or [], ui, bins=bins,
-                               figures=figures, out_dir=eval_output_dir(model_name, out), tsne_max=tsne_max,
+                               figures=figures, out_dir=out_dir, tsne_max=tsne_max,
                                seed=recipe.train.seed, name=name)
     return res
 

@@ -20,8 +20,8 @@ from finetune_cli import rundir
 from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine import Interrupted, Trainer
 from finetune_cli.errors import RunDirError
-from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text
-from finetune_cli.models.loading import build_text_model, load_text_model, save_text_model
+from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
+from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
 from finetune_cli.objectives import registry
 from finetune_cli.pipelines.common import EVALUATORS, encode, head_spec, load_data, objective_class
 from finetune_cli.recipe import Recipe
@@ -35,12 +35,27 @@ class TrainOutcome:
     already_complete: bool = False
 
 
+def _states_problem(ck: Path) -> Optional[str]:
+    """Read the engine's state files back (never unpickled): a damage the file checks cannot see."""
+    from finetune_cli.engine.checkpoint_io import has_state, load_state
+
+    for name in ("optimizer", "scheduler", "rng", "scaler"):
+        if name == "scaler" and not has_state(ck, name):
+            continue
+        try:
+            load_state(ck, name)
+        except RunDirError as e:
+            return str(e)
+    return None
+
+
 def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[str] = None,
               resume: Optional[str] = None, overwrite: bool = False,
               callbacks: Sequence[Callable] = ()) -> TrainOutcome:
     recipe = registry.validate_recipe(recipe)
     cls = objective_class(recipe)
     run_dir = recipe.run_dir
+    check_writable_dir(run_dir, "output folder")
     rundir.check_run_dir(run_dir, recipe, overwrite, normalise=registry.validate_recipe)
     summary = rundir.read_summary(run_dir)
     if summary is not None and resume is None:
@@ -49,6 +64,8 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
 
     data = load_data(recipe, cls, data_dir_from_env(data_dir), need_train=True)
     assert data.train is not None
+    for note in data.notes:
+        ui.warn(note)
     # After the data loaded: a data error is one line, not the recipe echo and then the error.
     ui.rule(f"finetune train · {recipe.objective.name} · {run_dir}")
     ui.log(recipe.to_yaml().rstrip())
@@ -58,11 +75,11 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
     ck: Optional[Path] = None
     if resume:
         ck = Path(resume)
-        if not rundir.is_complete_checkpoint(ck):
-            raise RunDirError(f"--resume {resume}: not a complete checkpoint directory "
-                              f"(needs {rundir.STATE_FILE} and {rundir.CHECKPOINT_MODEL}/)")
+        why = rundir.checkpoint_problem(ck, _states_problem) if ck.is_dir() else "not a directory"
+        if why is not None:
+            raise RunDirError(f"--resume {resume}: not a usable checkpoint ({why})")
     else:
-        ck = rundir.latest_checkpoint(run_dir)
+        ck = rundir.intact_checkpoint(run_dir, ui.warn, verify=_states_problem)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe_yaml = recipe.to_yaml()
@@ -80,6 +97,7 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
             recipe.model.name, lambda enc_dropout: head_spec(recipe, cls, data.num_labels, enc_dropout),
             revision=recipe.model.revision, dropout=recipe.model.dropout,
             before_heads=lambda: seed_everything(recipe.train.seed))
+    check_max_length(model, recipe.model.max_length, "model.max_length", recipe.model.name)
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     t0 = time.perf_counter()

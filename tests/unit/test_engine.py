@@ -146,7 +146,9 @@ def test_failed_checkpoint_write_leaves_nothing_half_written(tiny_recipe, tmp_pa
         return real_save(obj, directory, name)
 
     monkeypatch.setattr(tr, "save_state", failing_save)
-    with pytest.raises(OSError):
+    from finetune_cli.errors import OutputError
+
+    with pytest.raises(OutputError, match="checkpoint-4"):
         _train(tiny_recipe("train.save_every=2"))
     d = tmp_path / "runs" / "tiny"
     names = sorted(p.name for p in d.iterdir())
