@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from finetune_cli.errors import FinetuneError
-from finetune_cli.ui import UI
+from finetune_cli.ui import UI, is_main_process
 
 RecipeOpt = Annotated[str, typer.Option("--recipe", "-r", help="YAML recipe file, or the name of a packaged recipe.")]
 Overrides = Annotated[Optional[list[str]], typer.Argument(
@@ -25,6 +25,8 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Only errors on st
 
 
 def emit_json(obj: Any) -> None:
+    if not is_main_process():  # one document, not one per rank
+        return
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
     sys.stdout.flush()
 

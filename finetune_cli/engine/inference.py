@@ -1,14 +1,37 @@
-"""Batched, length-sorted forward passes for evaluation and embedding."""
+"""Batched, length-sorted forward passes for evaluation and embedding.
+
+Inside :func:`sharded` (the trainer's evaluation on several processes) every rank runs a share of
+the batches and the outputs are gathered, so each rank returns the whole result. The batches are
+those of one process (the same length-sorted cut, dealt round-robin), so every example is computed
+in the same batch, with the same padding, as in a one-process run: the outputs, and the metrics
+computed from them, are bit-identical to one process's.
+"""
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
 from finetune_cli.data.encode import EncodedData, collate, to_device
 from finetune_cli.data.sampling import sorted_batches
+
+_SHARD: ContextVar[Optional[Any]] = ContextVar("finetune_inference_shard", default=None)
+
+
+@contextlib.contextmanager
+def sharded(procs) -> Iterator[None]:
+    """Within this block :func:`forward_all` splits its batches over ``procs`` (a
+    ``distributed.Processes``); every rank must make the same ``forward_all`` calls."""
+    token = _SHARD.set(procs if procs is not None and procs.distributed else None)
+    try:
+        yield
+    finally:
+        _SHARD.reset(token)
 
 
 @torch.no_grad()
@@ -22,7 +45,11 @@ def forward_all(model, data: EncodedData, batch_size: int, pad_id: int, device: 
     n = len(data)
     out: dict[str, Optional[np.ndarray]] = {k: None for k in want}
     done = 0
-    for idx in sorted_batches(data.lengths, batch_size):
+    procs = _SHARD.get()
+    batches = sorted_batches(data.lengths, batch_size)
+    if procs is not None:
+        batches = batches[procs.rank::procs.world]
+    for idx in batches:
         batch = to_device(collate(data, idx, pad_id), device)
         res = model(batch["features"][view])
         for k in want:
@@ -35,6 +62,15 @@ def forward_all(model, data: EncodedData, batch_size: int, pad_id: int, device: 
             progress.update(done)
     if was_training:
         model.train()
+    if procs is not None:
+        mine = np.asarray([i for b in batches for i in b], dtype=np.int64)
+        parts = procs.all_gather((mine, {k: v[mine] for k, v in out.items() if v is not None}))
+        out = {}
+        for idx, vals in parts:
+            for k, v in vals.items():
+                if out.get(k) is None:
+                    out[k] = np.zeros((n, *v.shape[1:]), dtype=np.float32)
+                out[k][idx] = v
     return {k: v for k, v in out.items() if v is not None}
 
 
