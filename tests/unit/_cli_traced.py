@@ -4,7 +4,7 @@ Environment knobs (all optional):
 
 - ``TRACE_DIR``: every rank appends what it writes into the run directory (``os.replace`` targets:
   atomic files and directories; ``shutil.rmtree``) to ``TRACE_DIR/rank<R>.log``, and its exit code
-  and last step to ``TRACE_DIR/rank<R>.exit``; the tests read them to check that only the main
+  and last step to ``TRACE_DIR/rank<R>.exit`` (``top.*`` for a process no launcher started); the tests read them to check that only the main
   process writes, once.
 - ``KILL_AT=<step>``: at the end of that step the main process SIGKILLs the whole job (launcher,
   other ranks, itself): a power cut at a known step.
@@ -23,13 +23,14 @@ import sys
 import time
 
 RANK = os.environ.get("RANK", "0")
+WHO = f"rank{RANK}" if "RANK" in os.environ else "top"  # "top": not started by a launcher
 TRACE = os.environ.get("TRACE_DIR")
 _last_step = {"step": 0}
 
 
 def _log(line: str) -> None:
     if TRACE:
-        with open(os.path.join(TRACE, f"rank{RANK}.log"), "a") as f:
+        with open(os.path.join(TRACE, f"{WHO}.log"), "a") as f:
             f.write(line + "\n")
 
 
@@ -94,6 +95,6 @@ if __name__ == "__main__":
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
         if TRACE:
-            with open(os.path.join(TRACE, f"rank{RANK}.exit"), "w") as f:
+            with open(os.path.join(TRACE, f"{WHO}.exit"), "w") as f:
                 f.write(f"{code} {_last_step['step']}\n")
     sys.exit(code)
