@@ -9,9 +9,10 @@ What it does not do: compute a loss. It calls ``objective(model, batch)`` and re
 the objective's declared ``parts``; it never looks at which objective it runs.
 
 Exact resume: a checkpoint holds the model, optimizer, scheduler, every RNG state (one per process,
-``rng-<rank>``) and the data position (epoch, batches consumed). Batches of an epoch are a pure function of (seed, epoch), and
-no DataLoader iterator draws from the global RNG, so a resumed run replays the same batches with
-the same dropout masks and ends with the same weights as a run that never stopped.
+``rng-<rank>``) and the data position (epoch, batches consumed). Batches of an epoch are a pure
+function of (seed, epoch), and no DataLoader iterator draws from the global RNG, so a resumed run
+replays the same batches with the same dropout masks and ends with the same weights as a run that
+never stopped.
 
 Several processes (``torchrun``, ``accelerate launch``; see ``engine/distributed.py``): each rank has
 its own seed stream and RNG state; the main process alone prints and writes; a stop request

@@ -151,4 +151,5 @@ def _train_locked(recipe: Recipe, ui, procs: Processes, *, device: str, data_dir
     }
     if trainer.is_main:
         atomic_write_json(run_dir / rundir.SUMMARY, summary)
+    procs.barrier()  # no rank reports success before final/ and summary.json exist
     return TrainOutcome(run_dir, summary, resumed_from=ck)
