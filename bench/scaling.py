@@ -40,10 +40,10 @@ def make_data(n: int, out: Path) -> Path:
     return f
 
 
-def run(procs: int, threads: int, steps: int, batch: int, data: Path, out: Path, device: str) -> float:
+def run(procs: int, threads: int, steps: int, batch: int, data: Path, out: Path, device: str, model: str) -> float:
     name = f"p{procs}t{threads}"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}",
-           "-m", "finetune_cli", "train", "-r", "quickstart", f"data.train={data}", "~data.eval",
+           "-m", "finetune_cli", "train", "-r", "quickstart", f"model.name={model}", f"data.train={data}", "~data.eval",
            "model.max_length=64", f"train.batch_size={batch // procs}", f"train.max_steps={steps}",
            "train.eval_every=100000", "train.save_every=100000", "train.log_every=100000",
            f"output.dir={out}", f"output.name={name}", "--overwrite", "--device", device,
@@ -64,6 +64,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", default="embedded")
     a = ap.parse_args()
     per = max(1, a.threads // a.procs)
     configs = [(1, a.threads), (a.procs, per), (1, per)]
@@ -72,7 +73,7 @@ def main() -> None:
         sps: dict[tuple[int, int], list[float]] = {c: [] for c in configs}
         for _ in range(a.repeats):  # interleaved, so a load change hits every configuration alike
             for p, t in configs:
-                sps[(p, t)].append(run(p, t, a.steps, a.batch, data, Path(tmp) / "runs", a.device))
+                sps[(p, t)].append(run(p, t, a.steps, a.batch, data, Path(tmp) / "runs", a.device, a.model))
     med = {k: statistics.median(v) for k, v in sps.items()}
     print(f"global batch {a.batch}, {a.steps} steps, median of {a.repeats}, device {a.device}, "
           f"load average after: {os.getloadavg()[0]:.2f}")

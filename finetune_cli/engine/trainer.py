@@ -200,10 +200,12 @@ class Trainer:
         self.scheduler = get_linear_schedule_with_warmup(opt, int(cfg.warmup_ratio * self.total_steps), self.total_steps)
         self.objective = objective.to(self.acc.device)
         self.frozen: list[str] = []
-        if self.world > 1:
+        # Whenever DDP will wrap the model: also one process under torchrun (accelerate then joins a
+        # process group of one and wraps the model all the same).
+        if self.world > 1 or (torch.distributed.is_available() and torch.distributed.is_initialized()):
             self.frozen = self._freeze_unused(model)
             if self.frozen:
-                ui.log(f"{self.world} processes; not trained (no loss uses them): {', '.join(self.frozen)}")
+                ui.log(f"not trained (no loss uses them; DDP would wait for them): {', '.join(self.frozen)}")
         self.model, self.optimizer = self.acc.prepare(model, opt)
         self.metric_greater = cfg.greater_is_better if cfg.greater_is_better is not None else (
             "loss" not in cfg.metric)

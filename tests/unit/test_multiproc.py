@@ -215,19 +215,22 @@ def test_two_nodes_on_one_machine_equal_one_node(ce_run, small_model, tmp_path):
     _assert_same_weights(ref / "final", tmp_path / "runs" / "ce" / "final")
 
 
-@pytest.mark.parametrize("objective", ["scl", "simcse_unsup"])
-def test_other_objectives_end_to_end(objective, small_model, sts_file, tmp_path):
+@pytest.mark.parametrize(("objective", "nproc"), [("scl", 2), ("simcse_unsup", 2), ("ce", 1)])
+def test_other_objectives_end_to_end(objective, nproc, small_model, sts_file, tmp_path):
+    """scl and simcse_unsup on 2 processes; ce on *one* process under torchrun (accelerate still wraps
+    the model in DDP there, so the unused pooler must be frozen too)."""
     if objective == "simcse_unsup":
         extra = ("-r", "simcse_unsup", f"data.eval={sts_file}", "data.columns.text=sentence", "~data.columns.label")
     else:
-        extra = ("objective.name=scl",)
+        extra = (f"objective.name={objective}",)
     args = _recipe(small_model, tmp_path / "runs", objective)
     if extra[0] == "-r":
         args = list(extra[:2]) + args[2:] + list(extra[2:])
     else:
         args += list(extra)
-    res = _torchrun(args, tmp_path / "t")
+    res = _torchrun(args, tmp_path / "t", nproc=nproc)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "not trained (no loss uses them" in res.stderr and "encoder.pooler.dense.weight" in res.stderr
     s = json.loads((tmp_path / "runs" / objective / "summary.json").read_text())
     assert s["steps"] == 6 and s["objective"] == objective and s["best_metric"] is not None
 
