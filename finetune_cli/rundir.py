@@ -8,13 +8,17 @@ One home for what every command knows about ``runs/<name>/``::
     best/                the model at the best evaluation (+ eval_metrics.json)
     final/               the model at the end of training
     summary.json         written last: the run is complete
+    .finetune.lock       advisory lock of the process training into it (see RunLock)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import socket
 import struct
 import zipfile
 from collections.abc import Callable, Sequence
@@ -34,6 +38,7 @@ BEST = "best"
 FINAL = "final"
 STATE_FILE = "trainer_state.json"
 CHECKPOINT_MODEL = "model"
+LOCK = ".finetune.lock"
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 _SEED_DIR = re.compile(r"seed-(-?\d+)")
 
@@ -241,13 +246,17 @@ def check_run_dir(run_dir: Path, recipe: Recipe, overwrite: bool,
     """Return the stored recipe if ``run_dir`` holds this same run (so it resumes), None if the
     directory is new or empty; refuse a different run unless ``overwrite`` (then it is deleted).
     ``normalise`` is applied to the stored recipe before comparing (the caller's full validation)."""
-    if not run_dir.exists() or not any(run_dir.iterdir()):
+    if not run_dir.exists() or not any(p.name != LOCK for p in run_dir.iterdir()):
         return None
     if nothing_trained(run_dir):  # a start that failed before its first step blocks nothing
         (run_dir / RECIPE).unlink(missing_ok=True)
         return None
     if overwrite:
-        shutil.rmtree(run_dir)
+        # Everything but the lock: our own lock must outlive the deletion, or a second run could
+        # take a fresh one while we still train here.
+        for p in run_dir.iterdir():
+            if p.name != LOCK:
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         return None
     if not (run_dir / RECIPE).is_file():
         raise RunDirError(f"output directory {run_dir} is not empty and holds no finetune run; "
@@ -279,3 +288,55 @@ def first_difference(a: Any, b: Any, prefix: str = "") -> str:
             if a.get(k) != b.get(k):
                 return first_difference(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)
     return f"{prefix}: {a!r} there, {b!r} now"
+
+
+class RunLock:
+    """An advisory lock on a run directory (``fcntl.flock`` on ``<run_dir>/.finetune.lock``), held by
+    the one process that writes there for the whole run.
+
+    The kernel drops a flock when its holder dies (crash, ``kill -9``, lost node), so a lock file
+    left behind by a dead process is stale by construction: the next run takes it over and says
+    whose it was. A live holder makes :meth:`acquire` raise :class:`RunDirError` naming its PID
+    (and host). The file's content (``pid host``) is only for that message.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK
+        self._fd: Optional[int] = None
+        self.took_over: Optional[str] = None  # "pid host" of a dead holder we replaced
+
+    def acquire(self) -> RunLock:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            pid = holder.split()[0] if holder else "unknown"
+            host = f" on {holder.split()[1]}" if len(holder.split()) > 1 else ""
+            raise RunDirError(f"output directory {self.path.parent} is in use by another finetune run "
+                              f"(PID {pid}{host}); wait for it to finish, stop it, or set output.name") from None
+        old = _read_holder(fd)
+        if old and old.split()[0] != str(os.getpid()):
+            self.took_over = old
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        # The file stays: unlinking it would let a waiting process lock the old inode while a
+        # third creates a new file. Its stale content is harmless (see the class docstring).
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+
+def _read_holder(fd: int) -> str:
+    with contextlib.suppress(OSError):
+        return os.pread(fd, 200, 0).decode(errors="replace").strip()
+    return ""

@@ -16,7 +16,7 @@ import typer
 
 from finetune_cli.errors import FinetuneError
 from finetune_cli.fsutil import is_write_failure, output_error
-from finetune_cli.ui import UI
+from finetune_cli.ui import UI, is_main_process
 
 RecipeOpt = Annotated[str, typer.Option("--recipe", "-r", help="YAML recipe file, or the name of a packaged recipe.")]
 Overrides = Annotated[Optional[list[str]], typer.Argument(
@@ -44,6 +44,8 @@ def _json_safe(obj: Any) -> Any:
 
 
 def emit_json(obj: Any) -> None:
+    if not is_main_process():  # one document, not one per rank
+        return
     sys.stdout.write(json.dumps(_json_safe(obj), indent=2, default=str, allow_nan=False) + "\n")
     sys.stdout.flush()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Optional
 
 import typer
@@ -37,10 +38,17 @@ def train(
     expect: ExpectOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
+    nproc: Annotated[int, typer.Option(
+        "--nproc", min=1, help="Train on N processes: reruns this command under `torchrun --standalone "
+                               "--nproc_per_node N` (ignored when already started by a launcher).")] = 1,
 ) -> None:
     """Fine-tune a model with a recipe: finetune train --recipe recipes/scl.yaml train.epochs=3"""
+    from finetune_cli.engine.launch import relaunch, should_relaunch
     from finetune_cli.metrics.gates import check_known, parse_expectations
     from finetune_cli.pipelines.train import run_train
+
+    if should_relaunch(nproc):
+        raise typer.Exit(relaunch(nproc, sys.argv[1:], sys.argv[0]))
 
     r = load_recipe(recipe, overrides or [])
     gates = parse_expectations(expect or [])

@@ -1,15 +1,37 @@
-"""Batched, length-sorted forward passes for evaluation and embedding."""
+"""Batched, length-sorted forward passes for evaluation and embedding.
+
+Inside :func:`sharded` (the trainer's evaluation on several processes) every rank runs a share of
+the batches and the outputs are gathered, so each rank returns the whole result. The batches are
+those of one process (the same length-sorted cut, dealt round-robin), so every example is computed
+in the same batch, with the same padding, as in a one-process run: the outputs, and the metrics
+computed from them, are bit-identical to one process's.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
 from finetune_cli.data.encode import EncodedData, collate, to_device
 from finetune_cli.data.sampling import sorted_batches
+
+_SHARD: ContextVar[Optional[Any]] = ContextVar("finetune_inference_shard", default=None)
+
+
+@contextlib.contextmanager
+def sharded(procs) -> Iterator[None]:
+    """Within this block :func:`forward_all` splits its batches over ``procs`` (a
+    ``distributed.Processes``); every rank must make the same ``forward_all`` calls."""
+    token = _SHARD.set(procs if procs is not None and procs.distributed else None)
+    try:
+        yield
+    finally:
+        _SHARD.reset(token)
 
 
 def forward_all(model, data: EncodedData, batch_size: int, pad_id: int, device: Optional[torch.device] = None,
@@ -29,6 +51,9 @@ def forward_all(model, data: EncodedData, batch_size: int, pad_id: int, device: 
     cast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
             else contextlib.nullcontext())
     done = 0
+    procs = _SHARD.get()
+    if procs is not None:  # sharded evaluation: this process scores every world-th batch
+        batches = batches[procs.rank::procs.world]
     try:
         with torch.inference_mode(), cast:
             for idx in batches:
@@ -47,13 +72,19 @@ def forward_all(model, data: EncodedData, batch_size: int, pad_id: int, device: 
     order = np.concatenate([np.asarray(b, dtype=np.int64) for b in batches]) if batches else np.zeros(0, np.int64)
     result: dict[str, np.ndarray] = {}
     for k, vs in outs.items():
-        if not vs:
-            continue
-        host = torch.cat(vs).cpu().numpy()
-        arr = np.empty_like(host)
+        if vs:
+            result[k] = torch.cat(vs).cpu().numpy()  # rows in `order`
+    if procs is not None:  # gather every process's rows, then place them
+        parts = procs.all_gather((order, result))
+        order = np.concatenate([idx for idx, _ in parts])
+        result = {k: np.concatenate([vals[k] for _, vals in parts if k in vals])
+                  for k in {k for _, vals in parts for k in vals}}
+    placed: dict[str, np.ndarray] = {}
+    for k, host in result.items():
+        arr = np.empty((len(data), *host.shape[1:]), dtype=host.dtype)
         arr[order] = host
-        result[k] = arr
-    return result
+        placed[k] = arr
+    return placed
 
 
 def file_features(model, tokenizer, path, pair: bool, max_length: int, batch_size: int) -> tuple[np.ndarray, list[str]]:

@@ -8,10 +8,16 @@ by a chosen metric, atomic checkpoints and exact resume, progress and ``metrics.
 What it does not do: compute a loss. It calls ``objective(model, batch)`` and reads ``"loss"`` and
 the objective's declared ``parts``; it never looks at which objective it runs.
 
-Exact resume: a checkpoint holds the model, optimizer, scheduler, every RNG state and the data
-position (epoch, batches consumed). Batches of an epoch are a pure function of (seed, epoch), and
-no DataLoader iterator draws from the global RNG, so a resumed run replays the same batches with
-the same dropout masks and ends with the same weights as a run that never stopped.
+Exact resume: a checkpoint holds the model, optimizer, scheduler, every RNG state (one per process,
+``rng-<rank>``) and the data position (epoch, batches consumed). Batches of an epoch are a pure
+function of (seed, epoch), and no DataLoader iterator draws from the global RNG, so a resumed run
+replays the same batches with the same dropout masks and ends with the same weights as a run that
+never stopped.
+
+Several processes (``torchrun``, ``accelerate launch``; see ``engine/distributed.py``): each rank has
+its own seed stream and RNG state; the main process alone prints and writes; a stop request
+(SIGINT/SIGTERM on any rank) is agreed on at every step boundary, so all ranks stop after the
+same step; evaluation is split over the ranks.
 """
 
 from __future__ import annotations
@@ -20,10 +26,8 @@ import contextlib
 import copy
 import json
 import math
-import os
 import random
 import shutil
-import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +43,14 @@ from finetune_cli.data.sampling import epoch_batches
 from finetune_cli.engine import device_info, tracking
 from finetune_cli.engine.checkpoint_io import has_state, load_state, save_state
 from finetune_cli.engine.device import resolve_device
+from finetune_cli.engine.distributed import (
+    StopRequests,
+    freeze_unused_parameters,
+    init_distributed,
+    launched_world_size,
+    rank_seed,
+)
+from finetune_cli.engine.inference import sharded
 from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, clean_stale_temps
 from finetune_cli.recipe import TrainConfig
@@ -117,14 +129,14 @@ def make_accelerator(device: str, precision: str, **tracking_kwargs):
     from accelerate import Accelerator
 
     dev = resolve_device(device)
-    if dev.type == "cuda" and dev.index is not None and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    if dev.type == "cuda" and dev.index is not None and launched_world_size() == 1:
         torch.cuda.set_device(dev)
     use_cpu = dev.type == "cpu"
     # accelerate keeps one process-wide state and refuses a second Accelerator with other settings;
     # a single-process caller (tests, multi-seed runs, probe stages) may train several times with
     # different devices or precisions, so start each run from a clean state. Under a launcher
     # (WORLD_SIZE > 1) the distributed state must stay.
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    if launched_world_size() == 1:
         from accelerate.state import AcceleratorState
 
         AcceleratorState._reset_state(reset_partial_state=True)
@@ -182,6 +194,7 @@ class Trainer:
         self.train_data, self.pad_id = train_data, pad_id
         self.save_model_fn, self.evaluate_fn = save_model, evaluate
         self.recipe_yaml, self.sampler, self.callbacks = recipe_yaml, sampler, list(callbacks)
+        self.procs = init_distributed(device)
         self.acc = make_accelerator(device, cfg.precision,
                                     **tracking.accelerator_kwargs(cfg.report_to, self.run_dir))
         self.device_name = device_info.describe(self.acc.device)
@@ -206,12 +219,33 @@ class Trainer:
         from transformers import get_linear_schedule_with_warmup
 
         self.scheduler = get_linear_schedule_with_warmup(opt, int(cfg.warmup_ratio * self.total_steps), self.total_steps)
-        self.model, self.optimizer = self.acc.prepare(model, opt)
         self.objective = objective.to(self.acc.device)
+        self.frozen: list[str] = []
+        # Whenever DDP will wrap the model: also one process under torchrun (accelerate then joins a
+        # process group of one and wraps the model all the same).
+        if self.world > 1 or (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            self.frozen = self._freeze_unused(model)
+            if self.frozen:
+                ui.log(f"not trained (no loss uses them; DDP would wait for them): {', '.join(self.frozen)}")
+        self.model, self.optimizer = self.acc.prepare(model, opt)
         self.metric_greater = cfg.greater_is_better if cfg.greater_is_better is not None else (
             "loss" not in cfg.metric)
         self.state = TrainState()
-        self._stop_signal = False
+        self.stop = StopRequests(self.procs)
+
+    def _freeze_unused(self, model) -> list[str]:
+        """Before DDP wraps the model: freeze what no loss trains (see ``freeze_unused_parameters``).
+        The optimizer was built first, so its layout (and a checkpoint's) is the same for any
+        number of processes."""
+        model.to(self.acc.device)
+        idx = epoch_batches(self.sampler, self.train_data.lengths, self.train_data.labels, self.cfg.batch_size,
+                            self.cfg.seed, 0, self.rank, self.world)[0]
+
+        def probe():
+            with self.acc.autocast():
+                return self.objective(model, to_device(collate(self.train_data, idx, self.pad_id), self.acc.device))["loss"]
+
+        return freeze_unused_parameters(model, probe, self.procs)
 
     # ---- checkpoints --------------------------------------------------------------------------
     @property
@@ -224,6 +258,7 @@ class Trainer:
     def save_checkpoint(self, rng: Optional[dict[str, Any]] = None) -> Path:
         """Write ``checkpoint-<step>/`` atomically (a temp dir renamed into place), then prune."""
         target = self.run_dir / f"checkpoint-{self.state.step}"
+        rngs = self.procs.gather_to_main(rng or capture_rng())  # every rank's own stream
         if self.is_main:
             with atomic_dir(target) as tmp:
                 self.save_model_fn(self.unwrapped(), tmp / CHECKPOINT_MODEL)
@@ -232,7 +267,8 @@ class Trainer:
                 save_state(self.scheduler.state_dict(), tmp, "scheduler")
                 if self.acc.scaler is not None:
                     save_state(self.acc.scaler.state_dict(), tmp, "scaler")
-                save_state(rng or capture_rng(), tmp, "rng")
+                for r, rank_rng in enumerate(rngs):
+                    save_state(rank_rng, tmp, f"rng-{r}")
                 (tmp / "recipe.yaml").write_text(self.recipe_yaml)
                 (tmp / STATE_FILE).write_text(json.dumps(asdict(self.state), indent=2))
             keep = {self.state.step}
@@ -249,8 +285,18 @@ class Trainer:
         if self.acc.scaler is not None and has_state(ck, "scaler"):
             self.acc.scaler.load_state_dict(load_state(ck, "scaler"))
         self.state = TrainState(**json.loads((ck / STATE_FILE).read_text()))
-        self._resume_rng = load_state(ck, "rng")
+        self._resume_rng = self._checkpoint_rng(ck)
         self._truncate_metrics(self.state.step, drop_eval=self.state.eval_pending)
+
+    def _checkpoint_rng(self, ck: Path) -> Optional[dict[str, Any]]:
+        """This rank's RNG state: ``rng-<rank>``; a one-process checkpoint of finetune <= 0.2 has a
+        single ``rng``. A rank the checkpoint has no state for (it was written by fewer processes)
+        gets None: a fresh stream, and the resume is not exact (the batches differ anyway)."""
+        if has_state(ck, f"rng-{self.rank}"):
+            return load_state(ck, f"rng-{self.rank}")
+        if has_state(ck, "rng") and self.rank == 0:
+            return load_state(ck, "rng")
+        return None
 
     def _truncate_metrics(self, step: int, drop_eval: bool = False) -> None:
         """Drop metric lines logged after the checkpoint we resume from (they will be logged again),
@@ -285,9 +331,12 @@ class Trainer:
             return None
         model = self.unwrapped()
         model.eval()
-        with torch.no_grad(), self.acc.autocast():
+        with torch.no_grad(), self.acc.autocast(), sharded(self.procs):
             metrics = self.evaluate_fn(model)
         model.train()
+        # Every rank computed the same numbers from the same gathered outputs; take the main
+        # process's anyway, so best-checkpoint and early-stopping decisions cannot diverge.
+        metrics = self.procs.broadcast(metrics)
         if self.cfg.metric not in metrics:
             raise TrainingError(f"train.metric `{self.cfg.metric}` is not computed here (have: {', '.join(metrics)})")
         st = self.state
@@ -321,6 +370,15 @@ class Trainer:
             self.state = before
             raise
         self.state.eval_pending = False
+
+    def _interrupt_checkpoint(self, rng: dict[str, Any], last_save_step: int) -> Optional[Path]:
+        """The checkpoint of a stopped run: the weights of the last completed step with the RNG state
+        the next step starts from (written once, unless the regular save just wrote it)."""
+        if self.state.step == 0:
+            return None
+        if self.state.step == last_save_step:
+            return self.run_dir / f"checkpoint-{self.state.step}"
+        return self.save_checkpoint(rng=rng)
 
     # ---- the loop -----------------------------------------------------------------------------
     def _batch_stream(self, pool: ThreadPoolExecutor, batches: list[list[int]], start: int) -> Iterator[Any]:
@@ -368,8 +426,13 @@ class Trainer:
             st.log_window_steps += 1
         return waited
 
-    def _on_signal(self, signum, frame):  # SIGTERM -> same path as Ctrl-C
-        raise KeyboardInterrupt
+    def _seed(self, resume_from: Optional[Path]) -> None:
+        """Each rank's random stream: restored from the checkpoint, else seeded per rank."""
+        rng = self._resume_rng if resume_from is not None else None
+        if rng is not None:
+            restore_rng(rng)
+        else:
+            seed_everything(rank_seed(self.cfg.seed, self.rank) + (self.state.step if resume_from else 0))
 
     def train(self, resume_from: Optional[Path] = None) -> TrainResult:
         cfg, st = self.cfg, self.state
@@ -378,21 +441,14 @@ class Trainer:
         if resume_from is not None:
             self.load_checkpoint(resume_from)
             st = self.state
-            restore_rng(self._resume_rng)
-        else:
-            seed_everything(cfg.seed)
-            if self.is_main:  # a run that died before its first checkpoint: its log starts afresh
-                (self.run_dir / METRICS).unlink(missing_ok=True)
+        self._seed(resume_from)
+        if resume_from is None and self.is_main:  # a run that died before its first checkpoint: its log starts afresh
+            (self.run_dir / METRICS).unlink(missing_ok=True)
         import yaml
 
         tracking.start(self.acc, cfg.report_to, self.run_dir, yaml.safe_load(self.recipe_yaml) or {},
                        resuming=resume_from is not None)
         device_info.reset_peak(self.acc.device)
-        old_handler = signal.getsignal(signal.SIGTERM)
-        try:
-            signal.signal(signal.SIGTERM, self._on_signal)
-        except ValueError:  # not the main thread
-            old_handler = None
         self.model.train()
         eval_every = cfg.eval_every or self.steps_per_epoch
         save_every = cfg.save_every or eval_every
@@ -403,7 +459,7 @@ class Trainer:
         self._pending: list[tuple[int, int, int, tuple[str, ...], torch.Tensor]] = []
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="finetune-collate")
         try:
-            with self.ui.progress(self.total_steps, f"train · {self.device_name}") as progress:
+            with self.stop.installed(), self.ui.progress(self.total_steps, f"train · {self.device_name}") as progress:
                 progress.log(f"training on {self.device_name} ({self.acc.mixed_precision} mixed precision, "
                              f"{self.world} process{'es' if self.world > 1 else ''})")
                 progress.update(st.step)
@@ -489,6 +545,8 @@ class Trainer:
                             last_save_step = st.step
                         for cb in self.callbacks:
                             cb(self, st)
+                        if self.stop.agreed():
+                            raise KeyboardInterrupt
                     if i >= len(batches):
                         epoch += 1
                         st.epoch, st.batch_in_epoch = epoch, 0
@@ -501,12 +559,10 @@ class Trainer:
             # Model weights are those of the last completed step; save them with the RNG state
             # from the start of the step that was cut short, so a resume replays it exactly.
             self._sync_losses()
-            ck = self.save_checkpoint(rng=rng_at_step_start) if st.step > 0 else None
+            ck = self._interrupt_checkpoint(rng_at_step_start, last_save_step)
             raise Interrupted(ck) from None
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-            if old_handler is not None:
-                signal.signal(signal.SIGTERM, old_handler)
             tracking.finish(self.acc)
         sps = st.samples_seen / st.train_seconds if st.train_seconds > 0 else 0.0
         mem = device_info.memory(self.acc.device)

@@ -19,6 +19,7 @@ from typing import Any, Optional
 from finetune_cli import rundir
 from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine import Interrupted, Trainer
+from finetune_cli.engine.distributed import Processes, init_distributed
 from finetune_cli.errors import RunDirError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
 from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
@@ -52,11 +53,27 @@ def _states_problem(ck: Path) -> Optional[str]:
 def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[str] = None,
               resume: Optional[str] = None, overwrite: bool = False,
               callbacks: Sequence[Callable] = ()) -> TrainOutcome:
+    """Train into ``recipe.run_dir``, holding its lock (the main process, for the whole run)."""
     recipe = registry.validate_recipe(recipe)
+    procs = init_distributed(device)
+    lock = procs.on_main(lambda: rundir.RunLock(recipe.run_dir).acquire())
+    if lock is not None and lock.took_over:
+        ui.log(f"taking over {lock.path}: its holder ({lock.took_over}) is no longer running")
+    try:
+        return _train_locked(recipe, ui, procs, device=device, data_dir=data_dir, resume=resume,
+                             overwrite=overwrite, callbacks=callbacks)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_locked(recipe: Recipe, ui, procs: Processes, *, device: str, data_dir: Optional[str],
+                  resume: Optional[str], overwrite: bool, callbacks: Sequence[Callable]) -> TrainOutcome:
     cls = objective_class(recipe)
     run_dir = recipe.run_dir
     check_writable_dir(run_dir, "output folder")
-    rundir.check_run_dir(run_dir, recipe, overwrite, normalise=registry.validate_recipe)
+    # The main process checks (and with --overwrite clears) the directory; the others wait for it.
+    procs.on_main(lambda: rundir.check_run_dir(run_dir, recipe, overwrite, normalise=registry.validate_recipe))
     summary = rundir.read_summary(run_dir)
     if summary is not None and resume is None:
         ui.log(f"run {run_dir} is already complete (summary.json); pass --overwrite to train again")
@@ -83,7 +100,8 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
 
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe_yaml = recipe.to_yaml()
-    atomic_write_text(run_dir / rundir.RECIPE, recipe_yaml)
+    if procs.is_main:
+        atomic_write_text(run_dir / rundir.RECIPE, recipe_yaml)
 
     # The model: from the checkpoint when resuming, else from model.name with fresh heads (seeded,
     # so that a seed fully determines a run).
@@ -156,6 +174,7 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
     if trainer.is_main:
         write_curves(run_dir, ui)
         atomic_write_json(run_dir / rundir.SUMMARY, summary)
+    procs.barrier()  # no rank reports success before final/ and summary.json exist
     return TrainOutcome(run_dir, summary, resumed_from=ck)
 
 
