@@ -9,6 +9,7 @@ from finetune_cli.cli import probe, recipes
 from finetune_cli.cli.augment import augment
 from finetune_cli.cli.embed import embed_cmd
 from finetune_cli.cli.eval import eval_cmd
+from finetune_cli.cli.predict import predict_cmd
 from finetune_cli.cli.report import report_cmd
 from finetune_cli.cli.train import train
 
@@ -23,6 +24,7 @@ app.command("train")(train)
 app.command("eval")(eval_cmd)
 app.command("augment")(augment)
 app.command("embed")(embed_cmd)
+app.command("predict")(predict_cmd)
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(probe.app, name="probe")
 app.command("report")(report_cmd)

@@ -15,7 +15,7 @@ from finetune_cli.engine.device import resolve_device
 from finetune_cli.engine.inference import forward_all
 from finetune_cli.errors import DataError
 from finetune_cli.metrics.similarity import l2_normalize
-from finetune_cli.models.loading import load_text_model
+from finetune_cli.models.loading import default_max_length, load_embedding_model
 
 
 @dataclass
@@ -60,15 +60,21 @@ def embed_texts(model, tokenizer, texts: list[str], *, batch_size: int = 64, max
 
 
 def run_embed(model_name: str, input_path: str, output: str, ui, *, column: Optional[str] = None,
-              fmt: str = "auto", batch_size: int = 64, max_length: int = 128, normalize: bool = False,
-              device: str = "auto") -> EmbedResult:
+              fmt: str = "auto", batch_size: int = 64, max_length: Optional[int] = None,
+              normalize: Optional[bool] = None, device: str = "auto") -> EmbedResult:
+    """``max_length``/``normalize`` None: what the folder says (a sentence-transformers folder's
+    ``max_seq_length`` and ``Normalize`` module, else the trained length and no normalisation)."""
     import time
 
     out = Path(output)
     if out.suffix not in (".npy", ".parquet"):
         raise DataError(f"output {output} must end in .npy or .parquet")
     texts, ids = read_sentences(input_path, column, fmt)
-    model, tokenizer, path = load_text_model(model_name)
+    model, tokenizer, path, st = load_embedding_model(model_name)
+    if max_length is None:
+        max_length = st.max_seq_length if st is not None and st.max_seq_length else default_max_length(path, tokenizer)
+    if normalize is None:
+        normalize = bool(st is not None and st.normalize)
     dev = resolve_device(device)
     model.to(dev)
     t0 = time.perf_counter()
