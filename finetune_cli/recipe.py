@@ -56,6 +56,9 @@ class ModelConfig:
     revision: Optional[str] = field_spec(None, help="hub revision (branch, tag or commit)")
     dropout: Optional[float] = field_spec(None, ge=0.0, lt=1.0, help="encoder dropout (hidden and attention); None = the encoder's own config")
     projection: Optional[bool] = field_spec(None, help="add the projection MLP (SimCSE's cls+MLP, used for the loss only); default: the objective's needs_projection")
+    head: str = field_spec("native", choices=("native", "pooled"), help="classifier head: `native` = the architecture's own *ForSequenceClassification head (loads in transformers as is); `pooled` = model.pooling + linear (finetune-only folder)")
+    problem_type: str = field_spec("auto", choices=("auto", "single_label_classification", "regression", "multi_label_classification"), help="as transformers' config.problem_type; auto: multi-label when data.label_separator is set, regression for a regression GLUE task (glue:stsb), else single-label")
+    threshold: float = field_spec(0.5, gt=0.0, lt=1.0, help="multi-label: a label is predicted when its sigmoid probability >= threshold")
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class DataConfig:
     nli_triplets: bool = field_spec(False, help="build (anchor, positive, hard_neg) triplets from NLI rows (text=premise, text_pair=hypothesis, label)")
     encoding: str = field_spec("utf-8", help="text encoding of local data files (utf-8, latin-1, cp1252 …); a UTF-8 BOM is dropped")
     drop_invalid: bool = field_spec(False, help="drop rows with a missing label or an empty text (with a count) instead of refusing the data")
+    label_separator: Optional[str] = field_spec(None, help="multi-label: labels of a row given as one string joined by this separator (e.g. `,`); a list column (JSONL) needs none")
 
 
 @dataclass(frozen=True)

@@ -216,6 +216,11 @@ def read_recipe(run_dir: Path) -> Recipe:
         raise RunDirError(f"{f} cannot be read ({' '.join(str(e).split())[:120]})") from None
     if not isinstance(data, dict):
         raise RunDirError(f"{f} is not a recipe (a YAML mapping), got {type(data).__name__}")
+    model = data.get("model")
+    if isinstance(model, dict) and "pooling" in model and "head" not in model:
+        # Written before `model.head` existed (finetune < 0.2, which wrote every key): its
+        # classifier was always model.pooling + linear, so the run resumes with that head.
+        model["head"] = "pooled"
     try:
         return build_recipe(data, str(f))
     except RecipeError as e:

@@ -14,6 +14,7 @@ from finetune_cli.cli.augment import augment
 from finetune_cli.cli.common import one_line, set_debug
 from finetune_cli.cli.embed import embed_cmd
 from finetune_cli.cli.eval import eval_cmd
+from finetune_cli.cli.predict import predict_cmd
 from finetune_cli.cli.report import report_cmd
 from finetune_cli.cli.sweep import sweep_cmd
 from finetune_cli.cli.train import train
@@ -77,6 +78,7 @@ app.command("train")(train)
 app.command("eval")(eval_cmd)
 app.command("augment")(augment)
 app.command("embed")(embed_cmd)
+app.command("predict")(predict_cmd)
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(probe.app, name="probe")
 app.command("report")(report_cmd)

@@ -123,7 +123,8 @@ def encode_table(t: Table, tokenizer, max_length: int, text_columns: tuple[str, 
     labels = None
     if "label" in t.columns:
         lab = t.columns["label"]
-        labels = np.asarray(lab, dtype=np.float32 if lab and isinstance(lab[0], float) else np.int64)
+        # float: regression scores, or multi-hot rows (multi-label); int64: class ids
+        labels = np.asarray(lab, dtype=np.float32 if lab and isinstance(lab[0], (float, list)) else np.int64)
     return EncodedData(views, labels, lengths)
 
 

@@ -3,6 +3,11 @@
 Labels: class labels are mapped to ids (``data.label_names`` fixes the order; otherwise the hub's
 ClassLabel names, otherwise the sorted labels of the training set — numerically when they are
 all integers). Evaluation labels never seen in training are an error, as is a row without a label.
+
+Label types: ``class`` (one label per row), ``float`` (a regression score), ``multi`` (a set of
+labels per row: a JSONL list, or one string split at ``data.label_separator``; mapped to multi-hot
+float vectors). A single-label row that looks like several labels (``pos,funny``) is refused
+rather than made into a class of its own.
 """
 
 from __future__ import annotations
@@ -133,10 +138,43 @@ def check_rows(t: Table, text_columns: tuple[str, ...], label: bool, drop: bool,
     return t.select(keep)
 
 
+MULTI_SEPARATORS = (",", ";", "|")
+
+
+def resolve_problem_type(cfg: DataConfig, requested: str) -> str:
+    """``model.problem_type`` with ``auto`` resolved from the data section alone: multi-label when
+    ``data.label_separator`` is set, regression for a GLUE task without classes (STS-B), else
+    single-label classification."""
+    if requested != "auto":
+        return requested
+    if cfg.label_separator:
+        return "multi_label_classification"
+    if cfg.dataset:
+        name, config = glue.parse_dataset(cfg.dataset)
+        task = glue.glue_task(name, config)
+        if task is not None and task.label_names is None:
+            return "regression"
+    return "single_label_classification"
+
+
+def _refuse_multi_labels(t: Table, raw: list[Any]) -> None:
+    for i, v in enumerate(raw):
+        several = isinstance(v, (list, tuple)) or any(s in str(v) for s in MULTI_SEPARATORS)
+        if several:
+            row = t.row_ids[i] if t.row_ids else i + 1
+            shown = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v).strip()
+            raise DataError(f"label `{shown}` in row {row} of {t.source} looks like several labels; for multi-label "
+                            f"classification set model.problem_type=multi_label_classification (and "
+                            f"data.label_separator=',' for joined strings), or list it in data.label_names if it is "
+                            f"one class")
+
+
 def _map_class_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConfig) -> list[str]:
     for t in (train, ev):
         if t is not None:
             _check_labels_present(t)
+            if not cfg.label_names:
+                _refuse_multi_labels(t, t.columns["label"])
             t.columns["label"] = [str(v).strip() for v in t.columns["label"]]
     if cfg.label_names:
         names = list(cfg.label_names)
@@ -160,6 +198,48 @@ def _map_class_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConf
                 raise DataError(f"label `{v}` in row {row} of {t.source} was {seen} (known: {', '.join(names)})")
             ids.append(index[v])
         t.columns["label"] = ids
+    return names
+
+
+def _label_set(v: Any, sep: Optional[str]) -> list[str]:
+    if isinstance(v, (list, tuple)):
+        return [str(x).strip() for x in v if str(x).strip()]
+    if v is None:
+        return []
+    s = str(v).strip()
+    if sep is None:
+        return [s] if s else []
+    return [x.strip() for x in s.split(sep) if x.strip()]
+
+
+def _map_multi_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConfig) -> list[str]:
+    """Label sets -> multi-hot float vectors; returns the label names (id i = names[i])."""
+    sets: dict[int, list[list[str]]] = {}
+    for t in (train, ev):
+        if t is not None:
+            sets[id(t)] = [_label_set(v, cfg.label_separator) for v in t.columns["label"]]
+    if cfg.label_names:
+        names = list(cfg.label_names)
+    else:
+        src = train if train is not None else ev
+        names = sorted({x for s in sets[id(src)] for x in s})  # type: ignore[arg-type]
+    if not names:
+        raise DataError("multi-label data has no labels at all")
+    index = {n: i for i, n in enumerate(names)}
+    for t in (train, ev):
+        if t is None:
+            continue
+        vecs = []
+        for i, s in enumerate(sets[id(t)]):
+            v = [0.0] * len(names)
+            for x in s:
+                if x not in index:
+                    row = t.row_ids[i] if t.row_ids else i + 1
+                    raise DataError(f"label `{x}` in row {row} of {t.source} was never seen in training "
+                                    f"(known: {', '.join(names)})")
+                v[index[x]] = 1.0
+            vecs.append(v)
+        t.columns["label"] = vecs
     return names
 
 
@@ -257,6 +337,8 @@ def load_task_data(cfg: DataConfig, *, seed: int, label_type: Optional[str], req
         if train is not None and len(set(train.columns["label"])) < min_classes:
             raise DataError(f"training data {train.source} has {len(set(train.columns['label']))} class(es); "
                             f"this objective needs at least {min_classes}")
+    elif label_type == "multi":
+        names = _map_multi_labels(train, ev, cfg)
     elif label_type == "float":
         _map_float_labels(train)
         _map_float_labels(ev)

@@ -17,7 +17,7 @@ from finetune_cli.engine.inference import forward_all
 from finetune_cli.errors import DataError
 from finetune_cli.fsutil import atomic_file, check_output_file
 from finetune_cli.metrics.similarity import l2_normalize
-from finetune_cli.models.loading import check_max_length, load_text_model
+from finetune_cli.models.loading import check_max_length, default_max_length, load_embedding_model
 
 
 @dataclass
@@ -74,8 +74,10 @@ def embed_texts(model, tokenizer, texts: list[str], *, batch_size: int = 64, max
 
 
 def run_embed(model_name: str, input_path: str, output: str, ui, *, column: Optional[str] = None,
-              fmt: str = "auto", batch_size: int = 64, max_length: int = 128, normalize: bool = False,
-              device: str = "auto") -> EmbedResult:
+              fmt: str = "auto", batch_size: int = 64, max_length: Optional[int] = None,
+              normalize: Optional[bool] = None, device: str = "auto") -> EmbedResult:
+    """``max_length``/``normalize`` None: what the folder says (a sentence-transformers folder's
+    ``max_seq_length`` and ``Normalize`` module, else the trained length and no normalisation)."""
     import time
 
     out = Path(output)
@@ -83,7 +85,11 @@ def run_embed(model_name: str, input_path: str, output: str, ui, *, column: Opti
         raise DataError(f"output {output} must end in .npy or .parquet")
     check_output_file(out, "--output")
     texts, ids = read_sentences(input_path, column, fmt)
-    model, tokenizer, path = load_text_model(model_name)
+    model, tokenizer, path, st = load_embedding_model(model_name)
+    if max_length is None:
+        max_length = st.max_seq_length if st is not None and st.max_seq_length else default_max_length(path, tokenizer)
+    if normalize is None:
+        normalize = bool(st is not None and st.normalize)
     check_max_length(model, max_length, "--max-length", path)
     dev = resolve_device(device)
     model.to(dev)

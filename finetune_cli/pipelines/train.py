@@ -24,7 +24,15 @@ from finetune_cli.errors import RunDirError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
 from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
 from finetune_cli.objectives import registry
-from finetune_cli.pipelines.common import EVALUATORS, encode, head_spec, load_data, objective_class
+from finetune_cli.pipelines.common import (
+    EVALUATORS,
+    encode,
+    head_spec,
+    label_type,
+    load_data,
+    model_card_info,
+    objective_class,
+)
 from finetune_cli.recipe import Recipe
 
 
@@ -125,10 +133,15 @@ def _train_locked(recipe: Recipe, ui, procs: Processes, *, device: str, data_dir
 
     objective = registry.build(recipe.objective.name, recipe.objective.params)
     id2label = data.id2label or None
-    meta = {"objective": recipe.objective.name, "label_type": cls.label_type}
+    meta = {"objective": recipe.objective.name, "label_type": label_type(recipe, cls),
+            "max_length": recipe.model.max_length}
+    trainer: Optional[Trainer] = None
 
     def save_model(m, out: Path) -> None:
-        save_text_model(m, tokenizer, out, id2label=id2label, extra=meta, max_length=recipe.model.max_length)
+        st = trainer.state if trainer is not None else None
+        card = model_card_info(recipe, cls, data, st)
+        save_text_model(m, tokenizer, out, id2label=id2label, extra=meta, max_length=recipe.model.max_length,
+                        card=card)
 
     sampler = cls.sampler
     if not recipe.data.group_by_length:

@@ -36,9 +36,13 @@ def test_run_directory_layout(tiny_recipe):
     out = _train(tiny_recipe("train.eval_every=4"))
     d = out.run_dir
     for name in ("recipe.yaml", "metrics.jsonl", "summary.json", "best/config.json", "final/config.json",
-                 "final/finetune_head.safetensors", "final/tokenizer.json"):
+                 "final/model.safetensors", "final/README.md", "final/tokenizer.json"):
         assert (d / name).exists(), name
     cfg = json.loads((d / "final" / "config.json").read_text())
+    # a native transformers classifier: nothing of it lives outside model.safetensors
+    assert cfg["architectures"] == ["BertForSequenceClassification"]
+    assert cfg["problem_type"] == "single_label_classification"
+    assert not (d / "final" / "finetune_head.safetensors").exists()
     assert cfg["id2label"] == {"0": "negative", "1": "positive"}
     assert cfg["label2id"] == {"negative": 0, "positive": 1}
     lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]

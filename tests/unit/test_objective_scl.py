@@ -92,7 +92,7 @@ def test_lone_anchor_does_not_change_the_others():
     assert torch.isfinite(with_lone)
 
 
-def _real_batch(tiny_model_dir, n=12):
+def _real_batch(tiny_model_dir, n=12, head="native"):
     """A batch from the real class_balanced sampler and collate on quickstart sentences."""
     from finetune_cli.data.encode import collate, encode_table
     from finetune_cli.data.sampling import epoch_batches
@@ -104,7 +104,7 @@ def _real_batch(tiny_model_dir, n=12):
     t = t.select(list(range(40)))
     names = sorted(set(t.columns["label"]))
     t.columns["label"] = [names.index(v) for v in t.columns["label"]]
-    model, tok, _ = load_text_model(str(tiny_model_dir), HeadSpec(num_labels=len(names)))
+    model, tok, _ = load_text_model(str(tiny_model_dir), HeadSpec(num_labels=len(names), head=head))
     enc = encode_table(t, tok, 32, ("text",), joint=True)
     batches = epoch_batches("class_balanced", enc.lengths, enc.labels, n, seed=0, epoch=0)
     batch = collate(enc, batches[0], tok.pad_token_id)
