@@ -19,6 +19,7 @@ from typing import Any, Optional
 from finetune_cli import rundir
 from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine import Interrupted, Trainer
+from finetune_cli.engine.checkpoint_io import states_problem
 from finetune_cli.engine.distributed import Processes, init_distributed
 from finetune_cli.errors import RunDirError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
@@ -42,20 +43,6 @@ class TrainOutcome:
     summary: dict[str, Any]
     resumed_from: Optional[Path] = None
     already_complete: bool = False
-
-
-def _states_problem(ck: Path) -> Optional[str]:
-    """Read the engine's state files back (never unpickled): a damage the file checks cannot see."""
-    from finetune_cli.engine.checkpoint_io import has_state, load_state
-
-    for name in ("optimizer", "scheduler", "rng", "scaler"):
-        if name == "scaler" and not has_state(ck, name):
-            continue
-        try:
-            load_state(ck, name)
-        except RunDirError as e:
-            return str(e)
-    return None
 
 
 def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[str] = None,
@@ -100,11 +87,11 @@ def _train_locked(recipe: Recipe, ui, procs: Processes, *, device: str, data_dir
     ck: Optional[Path] = None
     if resume:
         ck = Path(resume)
-        why = rundir.checkpoint_problem(ck, _states_problem) if ck.is_dir() else "not a directory"
+        why = rundir.checkpoint_problem(ck, states_problem) if ck.is_dir() else "not a directory"
         if why is not None:
             raise RunDirError(f"--resume {resume}: not a usable checkpoint ({why})")
     else:
-        ck = rundir.intact_checkpoint(run_dir, ui.warn, verify=_states_problem)
+        ck = rundir.intact_checkpoint(run_dir, ui.warn, verify=states_problem)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe_yaml = recipe.to_yaml()
