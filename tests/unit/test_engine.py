@@ -17,7 +17,8 @@ from finetune_cli.ui import UI
 
 def _weights(d):
     w = load_file(str(d / "model.safetensors"))
-    w.update({f"head.{k}": v for k, v in load_file(str(d / "finetune_head.safetensors")).items()})
+    if (d / "finetune_head.safetensors").is_file():  # a pooled head, or R4F's spectral-norm state
+        w.update({f"head.{k}": v for k, v in load_file(str(d / "finetune_head.safetensors")).items()})
     return w
 
 

@@ -76,7 +76,8 @@ def runs(tiny_model_dir, tmp_path_factory):
     def recipe(out: Path) -> list[str]:
         return [f"model.name={tiny_model_dir}", "model.max_length=32", f"data.train={QUICKSTART / 'train.tsv'}",
                 f"data.eval={QUICKSTART / 'dev.tsv'}", "data.columns.text=sentence", "data.max_train_samples=64",
-                "train.lr=1e-3", "train.log_every=2", f"output.dir={out}", "output.name=tiny", *COMMON]
+                "train.lr=1e-3", "train.log_every=2", f"output.dir={out}", "output.name=tiny",
+                "model.head=pooled", *COMMON]  # pooled: the head file is one more file to damage
 
     ref = _train(recipe(base / "ref")).run_dir
     with pytest.raises(RuntimeError):
@@ -118,7 +119,7 @@ def _resume_after_damage(runs, tmp_path, rel: str, how: str) -> None:
     ("model/config.json", "truncate"),
     ("optimizer.json", "garbage"),
     ("optimizer.safetensors", "truncate"),
-    ("rng.json", "truncate"),
+    ("rng-0.json", "truncate"),
     ("scheduler.json", "garbage"),
 ])
 def test_damaged_newest_checkpoint_resumes_from_the_previous_one(runs, tmp_path, rel, how):
