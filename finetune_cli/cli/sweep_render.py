@@ -27,17 +27,16 @@ def render_sweep(ui, res) -> None:
     ui.print(t)
     c = res.comparison
     if c:
-        ct = Table(title=f"best trial ({res.best.number}) − the recipe's values, paired over seeds "
-                         f"{','.join(map(str, c['seeds']))}")
-        for col in ("metric", "n", "best", "recipe", "difference", "95% CI", "p (t)", "p (Wilcoxon)"):
-            ct.add_column(col, justify="left" if col in ("metric", "95% CI") else "right", no_wrap=True)
+        ct = Table(title=f"best trial {res.best.number} − the recipe's own values ({c['metric']}, paired over "
+                         f"seeds {','.join(map(str, c['seeds']))})")
+        for col in ("best", "recipe", "diff", "95% CI", "p (t)", "p (W)"):
+            ct.add_column(col, justify="left" if col == "95% CI" else "right", no_wrap=True)
 
         def f(v):
             return "–" if v is None else f"{v:.4f}"
 
-        ct.add_row(c["metric"], str(c["n"]), f(c["mean_a"]), f(c["mean_b"]),
-                   "–" if c["diff"] is None else f"{c['diff']:+.4f}", fmt_ci(c["ci95"]), fmt_p(c["t_pvalue"]),
-                   fmt_p(c["wilcoxon_pvalue"]))
+        ct.add_row(f(c["mean_a"]), f(c["mean_b"]), "–" if c["diff"] is None else f"{c['diff']:+.4f}",
+                   fmt_ci(c["ci95"]), fmt_p(c["t_pvalue"]), fmt_p(c["wilcoxon_pvalue"]))
         ui.print(ct)
         if c.get("note"):
             ui.log(f"note: {c['note']}")
