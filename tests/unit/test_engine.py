@@ -16,8 +16,10 @@ from finetune_cli.ui import UI
 
 
 def _weights(d):
-    w = load_file(str(d / "model.safetensors"))
-    w.update({f"head.{k}": v for k, v in load_file(str(d / "finetune_head.safetensors")).items()})
+    w = load_file(str(d / "model.safetensors"))  # a native classifier: the head is in here
+    assert "classifier.weight" in w
+    if (d / "finetune_head.safetensors").is_file():  # projection heads, spectral-norm state
+        w.update({f"head.{k}": v for k, v in load_file(str(d / "finetune_head.safetensors")).items()})
     return w
 
 
