@@ -16,8 +16,9 @@ from finetune_cli.ui import UI
 
 
 def _weights(d):
-    w = load_file(str(d / "model.safetensors"))
-    if (d / "finetune_head.safetensors").is_file():  # a pooled head, or R4F's spectral-norm state
+    w = load_file(str(d / "model.safetensors"))  # a native classifier: the head is in here
+    assert "classifier.weight" in w
+    if (d / "finetune_head.safetensors").is_file():  # projection heads, spectral-norm state
         w.update({f"head.{k}": v for k, v in load_file(str(d / "finetune_head.safetensors")).items()})
     return w
 

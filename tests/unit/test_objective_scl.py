@@ -124,7 +124,7 @@ def test_objective_on_a_real_batch(tiny_model_dir, lam):
     assert out["scl"].item() > 0
     out["loss"].backward()
     assert model.encoder.embeddings.word_embeddings.weight.grad.abs().sum() > 0
-    head_grad = model.classifier.out_proj.weight.grad
+    head_grad = model.hf.classifier.weight.grad  # the native BERT head's linear map
     if lam == 1.0:
         assert head_grad is None or head_grad.abs().sum() == 0  # λ = 1: CE has weight 0
     else:
