@@ -327,7 +327,7 @@ def load_task_data(cfg: DataConfig, *, seed: int, label_type: Optional[str], req
             for col in required_columns:
                 if col not in t.columns:
                     raise DataError(f"{what} data {t.source} has no `{col}` column (set data.columns.{col})")
-            t = check_rows(t, text_cols, label_type is not None and "label" in required_columns, cfg.drop_invalid,
+            t = check_rows(t, text_cols, label_type not in (None, "multi") and "label" in required_columns, cfg.drop_invalid,
                            notes)
         checked.append(t)
     train, ev = checked
