@@ -11,8 +11,10 @@ A saved model is a plain Hugging Face folder (``save_pretrained`` of the encoder
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
@@ -110,18 +112,26 @@ def _is_local(path: str) -> bool:
     return Path(path).is_dir()
 
 
-def load_tokenizer(path: str, revision: Optional[str] = None):
-    from transformers import AutoTokenizer
-
-    _quiet_transformers()
+@contextlib.contextmanager
+def _load_errors(path: str) -> Iterator[None]:
+    """One-line errors for a failed load of ``path``: a damaged local folder (tokenizers, safetensors,
+    json and torch raise many types there) or a hub id that cannot be fetched; anything else propagates."""
     try:
-        return AutoTokenizer.from_pretrained(path, revision=revision)
-    except Exception as e:  # noqa: BLE001 - tokenizers raise many types on a damaged folder
+        yield
+    except Exception as e:  # noqa: BLE001 - see the docstring
         if _is_local(path):
             raise _local_error(path, e) from None
         if isinstance(e, (OSError, ValueError)):
             raise _hub_error(path, e) from None
         raise
+
+
+def load_tokenizer(path: str, revision: Optional[str] = None):
+    from transformers import AutoTokenizer
+
+    _quiet_transformers()
+    with _load_errors(path):
+        return AutoTokenizer.from_pretrained(path, revision=revision)
 
 
 def _quiet_transformers() -> None:
@@ -159,29 +169,17 @@ def load_encoder(path: str, revision: Optional[str] = None, config=None):
     _quiet_transformers()
     cfg = config if config is not None else load_config(path, revision)
     kw = {"use_safetensors": True} if _is_local(path) and any(Path(path).glob("*.safetensors")) else {}
-    try:
+    with _load_errors(path):
         return AutoModel.from_pretrained(path, revision=revision, config=cfg, **kw)
-    except Exception as e:  # noqa: BLE001 - safetensors, json and torch errors on a damaged folder
-        if _is_local(path):
-            raise _local_error(path, e) from None
-        if isinstance(e, (OSError, ValueError)):
-            raise _hub_error(path, e) from None
-        raise
 
 
 def load_sequence_classifier(path: str, config, revision: Optional[str] = None, new_head: bool = False):
     from transformers import AutoModelForSequenceClassification
 
     _quiet_transformers()
-    try:
+    with _load_errors(path):
         return AutoModelForSequenceClassification.from_pretrained(path, revision=revision, config=config,
                                                                   ignore_mismatched_sizes=new_head)
-    except Exception as e:  # noqa: BLE001 - safetensors, json and torch errors on a damaged folder
-        if _is_local(path):
-            raise _local_error(path, e) from None
-        if isinstance(e, (OSError, ValueError)):
-            raise _hub_error(path, e) from None
-        raise
 
 
 def is_sequence_classifier(config) -> bool:
