@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv quickstart test test-fast lint bench clean
+.PHONY: venv quickstart test test-fast test-readme lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ quickstart: venv
 # Everything CI runs (unit, integration and slow tests).
 test: venv
 	$(BIN)/python -m pytest -q tests
+
+# Every README command, as a newcomer would run it (tests/readme_walk.py; ~15 min on 2 idle cores).
+test-readme: venv
+	FINETUNE_README_WALK=1 $(BIN)/python -m pytest -q tests/integration/test_readme.py
 
 # The inner loop: unit tests only (tiny random models, seconds to a minute).
 test-fast: venv

@@ -1,13 +1,46 @@
-"""Training throughput of `finetune train` against a bare PyTorch loop and the Hugging Face Trainer.
+"""Training throughput of `finetune train` against the Hugging Face Trainer and a bare loop, measured fairly.
 
-Same model (the embedded all-MiniLM-L6-v2 + a linear head), same sentences (SST-2 train from
---data-dir / $FINETUNE_DATA_DIR, or synthetic sentences when absent), batch 32, max length 64,
-one epoch, AdamW at the same learning rate, all in this one process so the ratios compare like with
-like. Each model is then scored on SST-2 dev (when present) so speed is compared at equal accuracy.
+Runners (each in its own fresh process, so no runner inherits another's caches or thread pools):
 
-    python bench/train_throughput.py --data-dir ../shared/data [--n 2048] [--device cpu|cuda]
+- ``finetune``    `finetune train` through its pipeline (length-grouped batches, its defaults).
+- ``hf_grouped``  the Trainer with ``train_sampling_strategy="group_by_length"``: the main peer.
+- ``hf_default``  the Trainer as it comes (random batches).
+- ``bare``        a plain PyTorch loop (random batches, dynamic padding, fused AdamW).
 
-Target (issue 3): finetune >= 2.0x the Trainer's sentences/s.
+Same model (the embedded all-MiniLM-L6-v2 + a 2-way head), same SST-2 sentences (from
+--data-dir / $FINETUNE_DATA_DIR; synthetic sentences when absent), batch 32, max length 64, one
+epoch, AdamW at lr 5e-5, weight decay 0.01, clipping at 1.0, no warm-up, no evaluation or saving
+during training.
+
+Fairness:
+- One clock for everyone, in the worker: ``time.perf_counter`` around the same work, from sentences
+  in memory to a trained model in memory (model loading, tokenisation, building the runner,
+  training; what each tool does at the end of training, e.g. finetune's final save, counts too).
+  The parent also reports each worker's whole-process wall clock (imports and warm-up included).
+- A second clock, "ms/step": from the end of optimizer step ``--skip`` to the end of the last step,
+  read by a per-step callback in every runner (steady state, start-up excluded).
+- Warm-up: before the timed run each worker runs its own runner once on a few batches whose widths
+  span the lengths it will see (kernel/primitive selection, allocator, lazy imports), on a fresh model.
+- Interleaved order: repeat r runs the runners rotated by r; medians, min-max spread and ratios
+  are printed.
+- Dev accuracy of every runner's final model with one shared function (outside the clocks), and
+  an equal-accuracy check against ``hf_grouped`` (±0.01).
+
+``--proxy``: the CPU proxy of issue 14 — a tiny random BERT (2 layers, width 32, the real
+tokenizer), where compute is negligible and the per-step overhead of each loop shows; every runner
+uses fused AdamW; headline is ms/step.
+
+    python bench/train_throughput.py --data-dir ../shared/data [--n 4000] [--repeats 2]
+    python bench/train_throughput.py --data-dir ../shared/data --proxy [--n 8192]
+    python bench/train_throughput.py ... --runners finetune --ft train.compile=true   # one variant
+    python bench/train_throughput.py ... --runners finetune@../old,finetune      # before/after, interleaved
+
+``finetune@DIR`` runs the finetune runner from another checkout DIR (e.g. ``git worktree add ../old
+COMMIT``) in the same interleaved run, so each engine change is measured against its parent under
+the same machine load.
+
+Targets (issue 14): CPU train >= 1.5x hf_grouped at equal dev accuracy and >= 2.0x hf_default;
+proxy ms/step <= 0.7x hf_grouped.
 """
 
 from __future__ import annotations
@@ -16,6 +49,8 @@ import argparse
 import json
 import os
 import random
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,8 +62,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-BATCH, MAXLEN, LR = 32, 64, 5e-5
+BATCH, MAXLEN, LR, WD = 32, 64, 5e-5, 0.01
+RUNNERS = ("finetune", "hf_grouped", "hf_default", "bare")
+REF = "hf_grouped"
 
+
+# ---- data (parent) ------------------------------------------------------------------------------
 
 def load_sentences(data_dir: str | None, n: int, seed: int = 0):
     if data_dir and (Path(data_dir) / "SST-2" / "train.tsv").is_file():
@@ -44,147 +83,273 @@ def load_sentences(data_dir: str | None, n: int, seed: int = 0):
     return sents, labels, sents[:500], labels[:500], "synthetic"
 
 
-def accuracy(model_dir_or_model, tok, sents, labels, device, hf=False) -> float:
-    model = model_dir_or_model
+def warm_subset(sents: list[str], labels: list[int], tok, batches: int = 6) -> tuple[list[str], list[int]]:
+    """``batches`` batches of sentences taken at evenly spaced length quantiles: the warm-up run
+    sees widths across the whole range the timed run will see (short to max_length)."""
+    lens = np.array([len(x) for x in tok(sents, truncation=True, max_length=MAXLEN)["input_ids"]])
+    order = np.argsort(lens, kind="stable")
+    picks: list[int] = []
+    for q in np.linspace(0, 1, batches):
+        c = int(q * (len(order) - BATCH))
+        picks.extend(order[c:c + BATCH].tolist())
+    return [sents[i] for i in picks], [labels[i] for i in picks]
+
+
+def write_tsv(path: Path, sents: list[str], labels: list[int]) -> None:
+    path.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in zip(sents, labels, strict=True)))
+
+
+def read_tsv(path: Path) -> tuple[list[str], list[int]]:
+    rows = [ln.split("\t") for ln in path.read_text().splitlines()[1:]]
+    return [r[0] for r in rows], [int(r[1]) for r in rows]
+
+
+def build_tiny_model(out: Path) -> Path:
+    """The tests' tiny random BERT (2 layers, width 32) with the embedded model's tokenizer."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from finetune_cli.models.loading import embedded_model_path
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+    BertModel(cfg).save_pretrained(out)
+    AutoTokenizer.from_pretrained(embedded_model_path()).save_pretrained(out)
+    return out
+
+
+# ---- runners (worker) ----------------------------------------------------------------------------
+
+class StepClock:
+    """perf_counter at the end of optimizer step ``skip`` and at the end of the last step."""
+
+    def __init__(self, skip: int):
+        self.skip, self.steps, self.t_skip, self.t_last = skip, 0, None, None
+
+    def tick(self) -> None:
+        self.steps += 1
+        now = time.perf_counter()
+        if self.steps == self.skip:
+            self.t_skip = now
+        self.t_last = now
+
+    def ms_per_step(self) -> float | None:
+        if self.t_skip is None or self.steps <= self.skip:
+            return None
+        return (self.t_last - self.t_skip) / (self.steps - self.skip) * 1e3
+
+
+def accuracy(model, tok, sents, labels, hf: bool) -> float:
     model.eval()
     correct = 0
-    with torch.no_grad():
+    with torch.inference_mode():
         for i in range(0, len(sents), 128):
-            enc = tok(sents[i:i + 128], truncation=True, max_length=MAXLEN, padding=True, return_tensors="pt").to(device)
-            logits = model(**enc).logits if hf else model({k: v for k, v in enc.items()}).logits
-            correct += (logits.argmax(-1).cpu() == torch.tensor(labels[i:i + 128])).sum().item()
+            enc = tok(sents[i:i + 128], truncation=True, max_length=MAXLEN, padding=True, return_tensors="pt")
+            logits = model(**enc).logits if hf else model(dict(enc)).logits
+            correct += (logits.argmax(-1) == torch.tensor(labels[i:i + 128])).sum().item()
     return correct / len(sents)
 
 
-def run_finetune(tmp: Path, train_file: Path, dev_file: Path | None, device: str, n: int):
-    from finetune_cli.pipelines.recipes import load_recipe
+def run_finetune(work: Path, name: str, train_file: Path, model: str, clock: StepClock | None, extra: list[str]):
+    try:  # this release; a `finetune@DIR` checkout of an older one has it in finetune_cli.recipe
+        from finetune_cli.pipelines.recipes import load_recipe
+    except ImportError:  # pragma: no cover
+        from finetune_cli.recipe import load_recipe
+    from finetune_cli.models.loading import load_text_model
     from finetune_cli.pipelines.train import run_train
     from finetune_cli.ui import UI
 
-    ov = ["model.name=embedded", f"model.max_length={MAXLEN}", f"data.train={train_file}",
+    ov = [f"model.name={model}", f"model.max_length={MAXLEN}", f"data.train={train_file}",
           "data.columns.text=sentence", f"train.batch_size={BATCH}", "train.epochs=1", f"train.lr={LR}",
-          "train.warmup_ratio=0.0", "train.log_every=1000000", f"output.dir={tmp}", "output.name=ft",
-          "train.max_grad_norm=1.0"]
-    if dev_file:
-        ov.append(f"data.eval={dev_file}")
-    t0 = time.perf_counter()
-    out = run_train(load_recipe(None, ov), UI(quiet=True), device=device)
-    wall = time.perf_counter() - t0
-    s = out.summary
-    return {"sent_per_s": s["samples_per_second"], "wall_s": wall,
-            "accuracy": (s["final_eval"] or {}).get("accuracy")}
+          f"train.weight_decay={WD}", "train.warmup_ratio=0.0", "train.max_grad_norm=1.0", "train.seed=0",
+          f"output.dir={work}", f"output.name={name}", *extra]
+    cbs = [lambda trainer, state: clock.tick()] if clock else []
+    out = run_train(load_recipe(None, ov), UI(quiet=True), device="cpu", overwrite=True, callbacks=cbs)
+    m, tok, _ = load_text_model(str(out.run_dir / "final"))
+    return m, tok, False
 
 
-def run_bare(sents, labels, dev, dev_labels, device):
-    """A plain loop: random batches, dynamic padding, no length grouping, fp32/autocast as ours."""
-    from finetune_cli.models import HeadSpec, load_text_model
-
-    torch.manual_seed(0)
-    model, tok, _ = load_text_model("embedded", HeadSpec(pooling="mean", num_labels=2))
-    model.to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    enc = tok(sents, truncation=True, max_length=MAXLEN)
-    order = np.random.default_rng(0).permutation(len(sents))
-    real = padded = 0
-    t0 = time.perf_counter()
-    for i in range(0, len(order), BATCH):
-        idx = order[i:i + BATCH].tolist()
-        feats = tok.pad({"input_ids": [enc["input_ids"][j] for j in idx],
-                         "token_type_ids": [enc["token_type_ids"][j] for j in idx],
-                         "attention_mask": [enc["attention_mask"][j] for j in idx]}, return_tensors="pt")
-        real += int(feats["attention_mask"].sum())
-        padded += feats["attention_mask"].numel()
-        feats = {k: v.to(device) for k, v in feats.items()}
-        y = torch.tensor([labels[j] for j in idx], device=device)
-        with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=device != "cpu"):
-            loss = torch.nn.functional.cross_entropy(model(feats).logits.float(), y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    if device != "cpu":
-        torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
-    acc = accuracy(model, tok, dev, dev_labels, device) if dev else None
-    return {"sent_per_s": len(sents) / dt, "wall_s": dt, "accuracy": acc,
-            "real_tokens_per_batch_row": real / len(sents), "padded_tokens_per_batch_row": padded / len(sents)}
-
-
-def run_hf_trainer(tmp: Path, sents, labels, dev, dev_labels, device):
+def run_hf(work: Path, sents, labels, model_path: str, clock: StepClock | None, grouped: bool):
     from transformers import (
         AutoModelForSequenceClassification,
         AutoTokenizer,
         DataCollatorWithPadding,
         Trainer,
+        TrainerCallback,
         TrainingArguments,
     )
 
-    from finetune_cli.models.loading import embedded_model_path
-
-    path = str(embedded_model_path())
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(model_path)
     torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
-    # A plain list of tokenised rows: what `datasets.map(tokenize)` would give, without needing `datasets`.
+    model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=2)
+    # A plain list of tokenised rows: what `datasets.map(tokenize)` gives, without needing `datasets`.
     enc = tok(sents, truncation=True, max_length=MAXLEN)
     ds = [{**{k: enc[k][i] for k in enc}, "labels": y} for i, y in enumerate(labels)]
-    args = TrainingArguments(output_dir=str(tmp / "hf"), per_device_train_batch_size=BATCH, num_train_epochs=1,
-                             learning_rate=LR, weight_decay=0.01, report_to="none", save_strategy="no",
-                             logging_strategy="no", eval_strategy="no", use_cpu=device == "cpu",
-                             bf16=device != "cpu", max_grad_norm=1.0, seed=0, disable_tqdm=True)
-    trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=DataCollatorWithPadding(tok))
+    args = TrainingArguments(
+        output_dir=str(work / "hf"), per_device_train_batch_size=BATCH, num_train_epochs=1, learning_rate=LR,
+        weight_decay=WD, report_to="none", save_strategy="no", logging_strategy="no", eval_strategy="no",
+        use_cpu=True, max_grad_norm=1.0, seed=0, disable_tqdm=True, optim="adamw_torch_fused",
+        train_sampling_strategy="group_by_length" if grouped else "random")
+
+    class Tick(TrainerCallback):
+        def on_step_end(self, *a, **k):
+            if clock:
+                clock.tick()
+
+    Trainer(model=model, args=args, train_dataset=ds, data_collator=DataCollatorWithPadding(tok),
+            callbacks=[Tick()]).train()
+    return model, tok, True
+
+
+def run_bare(sents, labels, model_path: str, clock: StepClock | None):
+    """A plain loop: random batches, dynamic padding, fused AdamW, clipping."""
+    from finetune_cli.models import HeadSpec, load_text_model
+
+    torch.manual_seed(0)
+    model, tok, _ = load_text_model(model_path, HeadSpec(pooling="mean", num_labels=2))
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, fused=True)
+    enc = tok(sents, truncation=True, max_length=MAXLEN)
+    order = np.random.default_rng(0).permutation(len(sents))
+    for i in range(0, len(order), BATCH):
+        idx = order[i:i + BATCH].tolist()
+        feats = tok.pad({k: [enc[k][j] for j in idx] for k in ("input_ids", "token_type_ids", "attention_mask")},
+                        return_tensors="pt")
+        y = torch.tensor([labels[j] for j in idx])
+        loss = torch.nn.functional.cross_entropy(model(dict(feats)).logits.float(), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if clock:
+            clock.tick()
+    return model, tok, False
+
+
+def worker(a) -> None:
+    work = Path(a.work)
+    sents, labels = read_tsv(work / "train.tsv")
+    wsents, wlabels = read_tsv(work / "warm.tsv")
+    dev, dev_labels = read_tsv(work / "dev.tsv")
+    model_path = a.model
+    ft_model = model_path if model_path != "embedded" else "embedded"
+    if model_path == "embedded":
+        from finetune_cli.models.loading import embedded_model_path
+
+        model_path = str(embedded_model_path())
+    tmp = Path(tempfile.mkdtemp(dir=work, prefix=f"{a.worker}-"))
+    os.environ["FINETUNE_CACHE"] = str(tmp / "cache")  # a fresh token cache: finetune tokenises like the others
+
+    def once(ss, ys, file, clock, name):
+        if a.worker == "finetune":
+            return run_finetune(tmp, name, file, ft_model, clock, a.ft)
+        if a.worker in ("hf_grouped", "hf_default"):
+            return run_hf(tmp / name, ss, ys, model_path, clock, a.worker == "hf_grouped")
+        return run_bare(ss, ys, model_path, clock)
+
     t0 = time.perf_counter()
-    m = trainer.train().metrics
-    dt = time.perf_counter() - t0
-    model.to(device)
-    acc = accuracy(model, tok, dev, dev_labels, device, hf=True) if dev else None
-    return {"sent_per_s": m.get("train_samples_per_second", len(sents) / dt), "wall_s": dt, "accuracy": acc}
+    once(wsents, wlabels, work / "warm.tsv", None, "warm")
+    warm_s = time.perf_counter() - t0
+    clock = StepClock(a.skip)
+    t0 = time.perf_counter()
+    model, tok, hf = once(sents, labels, work / "train.tsv", clock, "timed")
+    train_s = time.perf_counter() - t0
+    acc = accuracy(model, tok, dev, dev_labels, hf) if a.accuracy else None
+    print(json.dumps({"train_s": train_s, "warm_s": warm_s, "steps": clock.steps, "ms_per_step": clock.ms_per_step(),
+                      "accuracy": acc, "threads": torch.get_num_threads()}))
+
+
+# ---- parent ------------------------------------------------------------------------------------------
+
+def spread(xs: list[float], fmt: str = "{:.1f}") -> str:
+    return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", default=os.environ.get("FINETUNE_DATA_DIR"))
-    ap.add_argument("--n", type=int, default=2048, help="training sentences (one epoch)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--n", type=int, default=None, help="training sentences, one epoch (default 4000; proxy 8192)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--runners", default=",".join(RUNNERS), help=f"comma list of {', '.join(RUNNERS)}")
+    ap.add_argument("--proxy", action="store_true", help="tiny random BERT, ms/step (per-step overhead)")
+    ap.add_argument("--ft", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra recipe override for the finetune runner (repeatable)")
+    ap.add_argument("--skip", type=int, default=10, help="steps before the ms/step clock starts")
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    sents, labels, dev, dev_labels, source = load_sentences(args.data_dir, args.n)
+    ap.add_argument("--worker", choices=RUNNERS, help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    ap.add_argument("--model", default="embedded", help=argparse.SUPPRESS)
+    ap.add_argument("--accuracy", type=int, default=1, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a)
+
+    runners = [r.strip() for r in a.runners.split(",") if r.strip()]
+    label = {r: (f"finetune@{Path(r.partition('@')[2]).resolve().name}" if "@" in r else r) for r in runners}
+    n = a.n or (8192 if a.proxy else 4000)
+    sents, labels, dev, dev_labels, source = load_sentences(a.data_dir, n)
     with tempfile.TemporaryDirectory() as t:
-        tmp = Path(t)
-        train_file = tmp / "train.tsv"
-        train_file.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in zip(sents, labels, strict=False)))
-        dev_file = None
-        if source == "SST-2":
-            dev_file = tmp / "dev.tsv"
-            dev_file.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in zip(dev, dev_labels, strict=False)))
-        if args.device != "cpu":
-            # CUDA context, cuBLAS handles and kernel selection cost seconds once per process; pay
-            # them before any runner is timed, so the first runner is not charged for them.
-            run_bare(sents[:256], labels[:256], None, None, args.device)
-            warm = tmp / "warm"
-            warm.mkdir()
-            (warm / "train.tsv").write_text("sentence\tlabel\n" + "".join(
-                f"{s}\t{y}\n" for s, y in zip(sents[:512], labels[:512], strict=False)))
-            run_finetune(warm, warm / "train.tsv", None, args.device, 512)
-        results = {
-            "finetune": run_finetune(tmp, train_file, dev_file, args.device, args.n),
-            "bare_pytorch": run_bare(sents, labels, dev if dev_file else None, dev_labels, args.device),
-            "hf_trainer": run_hf_trainer(tmp, sents, labels, dev if dev_file else None, dev_labels, args.device),
-        }
-    ref = results["hf_trainer"]["sent_per_s"]
-    print(f"data: {source}, {len(sents)} sentences, batch {BATCH}, max_length {MAXLEN}, device {args.device}, "
-          f"torch threads {torch.get_num_threads()}", file=sys.stderr)
-    print(f"{'runner':<14}{'sent/s':>10}{'x Trainer':>11}{'dev acc':>9}", file=sys.stderr)
-    for name, r in results.items():
-        acc = f"{r['accuracy']:.3f}" if r.get("accuracy") is not None else "-"
-        print(f"{name:<14}{r['sent_per_s']:>10.1f}{r['sent_per_s'] / ref:>10.2f}x{acc:>9}", file=sys.stderr)
-    b = results["bare_pytorch"]
-    print(f"random batches: {b['real_tokens_per_batch_row']:.1f} real tokens padded to "
-          f"{b['padded_tokens_per_batch_row']:.1f} per row", file=sys.stderr)
-    ratio = results["finetune"]["sent_per_s"] / ref
-    print(f"target finetune >= 2.0x Trainer: {'met' if ratio >= 2.0 else 'NOT met'} ({ratio:.2f}x)", file=sys.stderr)
-    if args.json:
-        print(json.dumps({"source": source, "device": args.device, "results": results, "ratio_vs_trainer": ratio}))
+        work = Path(t)
+        model = str(build_tiny_model(work / "tiny")) if a.proxy else "embedded"
+        from transformers import AutoTokenizer
+
+        from finetune_cli.models.loading import embedded_model_path
+
+        tok = AutoTokenizer.from_pretrained(embedded_model_path())
+        write_tsv(work / "train.tsv", sents, labels)
+        write_tsv(work / "warm.tsv", *warm_subset(sents, labels, tok))
+        write_tsv(work / "dev.tsv", dev, dev_labels)
+        results: dict[str, list[dict]] = {label[r]: [] for r in runners}
+        for rep in range(a.repeats):
+            order = runners[rep % len(runners):] + runners[:rep % len(runners)]
+            for r in order:
+                name, _, root = r.partition("@")
+                env = dict(os.environ, PYTHONPATH=str(Path(root).resolve())) if root else None
+                cmd = [sys.executable, __file__, "--worker", name, "--work", str(work), "--model", model,
+                       "--skip", str(a.skip), "--accuracy", "0" if a.proxy else "1",
+                       *[x for o in a.ft for x in ("--ft", o)]]
+                t0 = time.perf_counter()
+                p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                wall = time.perf_counter() - t0
+                if p.returncode != 0:
+                    sys.exit(f"runner {r} failed:\n{p.stderr[-4000:]}")
+                res = json.loads(p.stdout.strip().splitlines()[-1])
+                res["process_s"] = wall
+                results[label[r]].append(res)
+                acc = f"{res['accuracy']:.3f}" if res["accuracy"] is not None else "-"
+                print(f"  repeat {rep + 1} {label[r]:<20} train {res['train_s']:7.2f}s  {res['ms_per_step'] or 0:8.2f} ms/step"
+                      f"  process {wall:6.1f}s  dev acc {acc}", file=sys.stderr, flush=True)
+
+    med = {r: {"sent_per_s": statistics.median(n / x["train_s"] for x in rs),
+               "ms_per_step": statistics.median(x["ms_per_step"] for x in rs),
+               "accuracy": statistics.median(x["accuracy"] for x in rs) if rs[0]["accuracy"] is not None else None}
+           for r, rs in results.items()}
+    print(f"\ndata: {source}, {n} sentences, batch {BATCH}, max_length {MAXLEN}, "
+          f"{'tiny random BERT (proxy)' if a.proxy else 'embedded MiniLM'}, cpu, torch threads "
+          f"{results[label[runners[0]]][0]['threads']}, {a.repeats} interleaved repeats; median (min-max)", file=sys.stderr)
+    if a.ft:
+        print(f"finetune overrides: {' '.join(a.ft)}", file=sys.stderr)
+    print(f"{'runner':<22}{'sent/s (end to end)':>24}{'ms/step (steady)':>24}{'process s':>20}{'dev acc':>9}",
+          file=sys.stderr)
+    for r, rs in results.items():
+        acc = f"{med[r]['accuracy']:.3f}" if med[r]["accuracy"] is not None else "-"
+        print(f"{r:<22}{spread([n / x['train_s'] for x in rs]):>24}{spread([x['ms_per_step'] for x in rs], '{:.2f}'):>24}"
+              f"{spread([x['process_s'] for x in rs]):>20}{acc:>9}", file=sys.stderr)
+    ratios = {}
+    if "finetune" in med:
+        for peer in ("hf_grouped", "hf_default", "bare", *[x for x in med if x.startswith("finetune@")]):
+            if peer in med:
+                ratios[f"sent_per_s_vs_{peer}"] = med["finetune"]["sent_per_s"] / med[peer]["sent_per_s"]
+                ratios[f"ms_per_step_vs_{peer}"] = med["finetune"]["ms_per_step"] / med[peer]["ms_per_step"]
+                print(f"finetune vs {peer:<20}: {ratios[f'sent_per_s_vs_{peer}']:.2f}x sent/s, "
+                      f"{ratios[f'ms_per_step_vs_{peer}']:.2f}x ms/step", file=sys.stderr)
+        if "hf_grouped" in med and med["finetune"]["accuracy"] is not None:
+            d = med["finetune"]["accuracy"] - med["hf_grouped"]["accuracy"]
+            print(f"equal dev accuracy (±0.01 of hf_grouped): {'yes' if abs(d) <= 0.01 else 'NO'} ({d:+.3f})",
+                  file=sys.stderr)
+    if a.json:
+        print(json.dumps({"source": source, "n": n, "proxy": a.proxy, "ft_overrides": a.ft, "results": results,
+                          "medians": med, "ratios": ratios}))
 
 
 if __name__ == "__main__":

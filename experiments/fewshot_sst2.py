@@ -135,7 +135,10 @@ def parse_objectives(spec: str) -> list[tuple[str, str, list[str]]]:
     for item in [s.strip() for s in spec.split(",") if s.strip()]:
         parts = item.split(":")
         label, name = (parts[0], parts[0]) if len(parts) == 1 else (parts[0], parts[1])
-        out.append((label, name, [f"objective.{kv}" for kv in parts[2:]]))
+        # key=value is an objective parameter, unless it names another recipe section
+        # (``mean:ce:model.head=pooled``: the same objective with the pooled head)
+        out.append((label, name, [kv if kv.split("=", 1)[0].startswith(("model.", "data.", "train."))
+                                  else f"objective.{kv}" for kv in parts[2:]]))
     return out
 
 

@@ -1,4 +1,28 @@
-"""Errors that end a command with a one-line message (rendered by ``ui``) and a non-zero exit."""
+"""Errors that end a command with a one-line message (rendered by ``ui``) and a non-zero exit.
+
+Exit codes (also in the README and ``finetune --help``):
+
+====  ==========================================================================================
+0     success
+1     an unexpected internal error (a bug): one line, and ``--debug`` / ``FINETUNE_DEBUG=1`` for
+      the traceback
+2     bad input: a command-line usage error, a recipe, data, model, device or run-directory problem
+3     training cannot go on (a non-finite loss, a precision this device lacks)
+4     an output cannot be written or an input file cannot be read: a path that is a file, a
+      read-only folder, a full disk
+130   interrupted (Ctrl-C / SIGTERM); a checkpoint was saved, rerun to resume
+====  ==========================================================================================
+"""
+
+EXIT_CODES: dict[int, str] = {
+    0: "success",
+    1: "unexpected internal error (rerun with --debug for the traceback)",
+    2: "bad input: usage, recipe, data, model, device or run directory",
+    3: "training cannot go on (non-finite loss, unsupported precision)",
+    4: "a quality gate (--expect) failed: the metric missed its bound",
+    5: "cannot write an output or read a file (path is a file, read-only, disk full)",
+    130: "interrupted (Ctrl-C / SIGTERM); rerun the same command to resume",
+}
 
 
 class FinetuneError(Exception):
@@ -12,7 +36,7 @@ class RecipeError(FinetuneError, ValueError):
 
 
 class DataError(FinetuneError):
-    """Missing file or column, empty or unlabeled data, unseen labels."""
+    """Missing file or column, empty or unlabeled data, unseen labels, undecodable text."""
 
 
 class ModelError(FinetuneError):
@@ -24,7 +48,7 @@ class DeviceError(FinetuneError):
 
 
 class RunDirError(FinetuneError):
-    """An output directory that holds a different run."""
+    """An output directory that holds a different run, or a run directory that is damaged."""
 
 
 class CorruptCheckpointError(RunDirError):
@@ -35,3 +59,10 @@ class TrainingError(FinetuneError):
     """Training cannot go on (e.g. a non-finite loss)."""
 
     exit_code = 3
+
+
+class OutputError(FinetuneError):
+    """A file or folder cannot be written (or read) for a reason outside the tool: the path is a
+    file or lies under one, the folder is read-only, the disk is full."""
+
+    exit_code = 5

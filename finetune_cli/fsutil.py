@@ -1,30 +1,156 @@
-"""Atomic file and directory writes: a reader (or a resumed run) never sees half a file."""
+"""Atomic file and directory writes: a reader (or a resumed run) never sees half a file.
+
+Files and folders written here follow the process umask like any other output (``mkstemp`` and
+``mkdtemp`` create private 0600/0700 entries, which would hide a model from a colleague or a
+serving process running as another user). A write that fails for a reason outside the tool (a
+full disk, a read-only folder, a path that is a file) becomes one :class:`OutputError` line
+naming the path, and leaves no partial file behind.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
+
+from finetune_cli.errors import FinetuneError, OutputError
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux /proc)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def _public(path: Path, is_dir: bool) -> None:
+    """Give a temp entry the permissions a plain ``open``/``mkdir`` would have given it."""
+    with contextlib.suppress(OSError):
+        os.chmod(path, (0o777 if is_dir else 0o666) & ~current_umask())
+
+
+def _free_space(path: Path) -> str:
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        free = shutil.disk_usage(p).free
+    except OSError:
+        return ""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if free < 1024 or unit == "TB":
+            return f"{free:.0f} {unit}" if unit == "B" else f"{free:.1f} {unit}"
+        free /= 1024
+    return ""
+
+
+def is_write_failure(e: BaseException) -> bool:
+    """An OSError, or the RuntimeError ``torch.save`` raises when its writer fails (a full disk)."""
+    if isinstance(e, OSError):
+        return True
+    msg = str(e)
+    return isinstance(e, RuntimeError) and ("inline_container" in msg or "file write failed" in msg
+                                             or "unexpected pos" in msg)
+
+
+def output_error(e: BaseException, path: str | Path, doing: str = "write") -> OutputError:
+    """One line for a failed write of ``path``: what, where, and the free space on its disk."""
+    target = str(getattr(e, "filename", None) or path)
+    code = getattr(e, "errno", None)
+    if code == errno.ENOSPC or "unexpected pos" in str(e) or "file write failed" in str(e):
+        return OutputError(f"no space left on the disk holding {path} while writing {target} "
+                           f"({_free_space(Path(path))} free); free some space or choose another output, "
+                           f"then rerun")
+    if code == errno.EROFS:
+        return OutputError(f"cannot {doing} {target}: read-only file system")
+    if code in (errno.EACCES, errno.EPERM):
+        return OutputError(f"cannot {doing} {target}: permission denied")
+    if code == errno.ENOTDIR:
+        return OutputError(f"cannot {doing} {target}: a part of that path is a file, not a folder")
+    if code == errno.EEXIST or code == errno.EISDIR:
+        return OutputError(f"cannot {doing} {target}: {getattr(e, 'strerror', None) or e}")
+    reason = getattr(e, "strerror", None) or " ".join(str(e).split())[:160]
+    return OutputError(f"cannot {doing} {target}: {reason}")
+
+
+def _file_ancestor(p: Path) -> Optional[Path]:
+    """The nearest existing ancestor of ``p`` when it is a file (then nothing can be made under it)."""
+    for parent in p.parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def ensure_dir(path: str | Path, what: str = "output folder") -> Path:
+    """Create folder ``path`` (and its parents), or raise one line saying why it cannot be one."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise OutputError(f"{what} {p} is a file, not a folder")
+    blocker = _file_ancestor(p)
+    if blocker is not None:
+        raise OutputError(f"{what} {p} lies under {blocker}, which is a file")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise output_error(e, p, "create") from None
+    return p
+
+
+def check_writable_dir(path: str | Path, what: str = "output folder") -> Path:
+    """``ensure_dir`` plus a real write (a temp file, removed): read-only folders fail here, before
+    any work is done, instead of after it."""
+    p = ensure_dir(path, what)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=p, prefix=".finetune-write-test.", suffix=".tmp")
+    except OSError as e:
+        raise output_error(e, p, "write into") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+    return p
+
+
+def check_output_file(path: str | Path, what: str = "output") -> Path:
+    """An output *file* path: not a folder, and its folder writable."""
+    p = Path(path)
+    if p.is_dir():
+        raise OutputError(f"{what} {p} is a folder, not a file")
+    blocker = _file_ancestor(p)
+    if blocker is not None:
+        raise OutputError(f"{what} {p} lies under {blocker}, which is a file")
+    check_writable_dir(p.parent, f"folder of {what}")
+    return p
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    ensure_dir(path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise output_error(e, path) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        _public(Path(tmp), is_dir=False)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise output_error(e, path) from None
         raise
 
 
@@ -33,25 +159,64 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 
 @contextlib.contextmanager
+def atomic_file(target: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling path (same suffix) to write with any library; on success it
+    replaces ``target`` in one rename. On failure nothing is left (and an OSError becomes one
+    :class:`OutputError` line)."""
+    target = Path(target)
+    ensure_dir(target.parent)
+    try:
+        fd, tmp_s = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.", suffix=f".tmp{target.suffix}")
+    except OSError as e:
+        raise output_error(e, target) from None
+    os.close(fd)
+    tmp = Path(tmp_s)
+    try:
+        yield tmp
+        _public(tmp, is_dir=False)
+        os.replace(tmp, target)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if not isinstance(e, FinetuneError) and is_write_failure(e):
+            raise output_error(e, target) from None
+        raise
+
+
+@contextlib.contextmanager
 def atomic_dir(target: str | Path) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it replaces ``target`` in one rename.
 
-    If the block raises, the temporary directory is removed and ``target`` is untouched.
+    If the block raises, the temporary directory is removed and ``target`` is untouched; a write
+    failure (full disk, read-only folder) becomes one :class:`OutputError` line naming the file.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    ensure_dir(target.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    except OSError as e:
+        raise output_error(e, target) from None
     try:
         yield tmp
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(e, FinetuneError) and is_write_failure(e):
+            raise output_error(e, target) from None
         raise
-    old = None
-    if target.exists():
-        old = target.parent / f".{target.name}.old-{os.getpid()}"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(target, old)
-    os.replace(tmp, target)
+    _public(tmp, is_dir=True)
+    old: Optional[Path] = None
+    try:
+        if target.exists():
+            old = target.parent / f".{target.name}.old-{os.getpid()}"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+        os.replace(tmp, target)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not target.exists():
+            with contextlib.suppress(OSError):
+                os.replace(old, target)
+        raise output_error(e, target) from None
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

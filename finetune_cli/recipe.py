@@ -10,6 +10,7 @@ default applies again.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import difflib
 import hashlib
@@ -27,6 +28,9 @@ import yaml
 from finetune_cli.errors import RecipeError
 
 PACKAGED_RECIPES = Path(__file__).resolve().parent / "recipes"
+# Seeds go to torch.manual_seed / numpy, which take at most 64-bit values; numpy's Generator
+# refuses negative ones.
+SEED_MAX = 2**63 - 1
 
 __all__ = ["RecipeError", "Recipe", "ProbeRecipe", "parse_recipe", "parse_probe_recipe", "build_recipe",
            "build_probe_recipe", "apply_overrides", "resolve_recipe_path", "read_yaml"]
@@ -52,6 +56,9 @@ class ModelConfig:
     revision: Optional[str] = field_spec(None, help="hub revision (branch, tag or commit)")
     dropout: Optional[float] = field_spec(None, ge=0.0, lt=1.0, help="encoder dropout (hidden and attention); None = the encoder's own config")
     projection: Optional[bool] = field_spec(None, help="add the projection MLP (SimCSE's cls+MLP, used for the loss only); default: the objective's needs_projection")
+    head: str = field_spec("native", choices=("native", "pooled"), help="classifier head: `native` = the architecture's own *ForSequenceClassification head (loads in transformers as is); `pooled` = model.pooling + linear (finetune-only folder)")
+    problem_type: str = field_spec("auto", choices=("auto", "single_label_classification", "regression", "multi_label_classification"), help="as transformers' config.problem_type; auto: multi-label when data.label_separator is set, regression for a regression GLUE task (glue:stsb), else single-label")
+    threshold: float = field_spec(0.5, gt=0.0, lt=1.0, help="multi-label: a label is predicted when its sigmoid probability >= threshold")
 
 
 @dataclass(frozen=True)
@@ -80,10 +87,13 @@ class DataConfig:
     few_shot: Optional[int] = field_spec(None, gt=0, help="keep N training examples per class (seeded)")
     max_train_samples: Optional[int] = field_spec(None, gt=0)
     max_eval_samples: Optional[int] = field_spec(None, gt=0)
-    seed: Optional[int] = field_spec(None, ge=0, le=2**63 - 1, help="seed for sampling the data; default: train.seed")
+    seed: Optional[int] = field_spec(None, ge=0, le=SEED_MAX, help="seed for sampling the data; default: train.seed")
     group_by_length: bool = True
     eval_columns: Optional[ColumnMap] = field_spec(None, help="column map of the evaluation file when it differs from `columns` (e.g. STS pairs for SimCSE)")
     nli_triplets: bool = field_spec(False, help="build (anchor, positive, hard_neg) triplets from NLI rows (text=premise, text_pair=hypothesis, label)")
+    encoding: str = field_spec("utf-8", help="text encoding of local data files (utf-8, latin-1, cp1252 …); a UTF-8 BOM is dropped")
+    drop_invalid: bool = field_spec(False, help="drop rows with a missing label or an empty text (with a count) instead of refusing the data")
+    label_separator: Optional[str] = field_spec(None, help="multi-label: labels of a row given as one string joined by this separator (e.g. `,`); a list column (JSONL) needs none")
 
 
 @dataclass(frozen=True)
@@ -120,11 +130,18 @@ class TrainConfig:
     metric: Optional[str] = field_spec(None, help="evaluation metric that picks the best checkpoint; default: the "
                                                   "objective's first (accuracy, pearson or spearman)")
     greater_is_better: Optional[bool] = field_spec(None, help="default: True unless the metric is a loss")
-    seed: int = field_spec(42, ge=0, le=2**63 - 1)
+    seed: int = field_spec(42, ge=0, le=SEED_MAX)
     precision: str = field_spec("auto", choices=("auto", "fp32", "bf16", "fp16"))
     log_every: int = field_spec(10, gt=0)
     freeze_encoder: bool = field_spec(False, help="train only the heads on frozen encoder features (a linear probe "
                                                   "trained by the objective; the encoder also runs without dropout)")
+    compile: bool = field_spec(False, help="torch.compile the encoder; batch widths are rounded up to multiples of 16")
+    report_to: list[str] = field_spec(default_factory=list, help="experiment trackers fed through accelerate: "
+                              "tensorboard, mlflow, trackio, wandb (default: none; metrics.jsonl always)")
+
+
+# Tracker name -> the module it needs; the pip extra has the tracker's name.
+TRACKERS: dict[str, str] = {"tensorboard": "tensorboard", "mlflow": "mlflow", "trackio": "trackio", "wandb": "wandb"}
 
 
 @dataclass(frozen=True)
@@ -165,6 +182,7 @@ class Recipe(_Plain):
         if ignore_seeds:
             d["train"].pop("seed", None)
             d["data"].pop("seed", None)
+        d["train"].pop("report_to", None)  # where metrics are also sent does not change the run
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -377,6 +395,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise RecipeError(f"cannot read recipe {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise RecipeError(f"recipe {path} is not UTF-8 text (byte offset {e.start}); save it as UTF-8") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -429,6 +449,30 @@ def _cross_checks(r: Recipe) -> None:
         raise RecipeError(f"`data.dataset` and `data.train`/`data.eval` in {src} are exclusive; use one")
     if d.few_shot and d.max_train_samples:
         raise RecipeError(f"`data.few_shot` and `data.max_train_samples` in {src} are exclusive; use one")
+    _check_trackers(r.train.report_to, src)
+    try:
+        codecs.lookup(d.encoding)
+    except LookupError:
+        raise RecipeError(f"`data.encoding` in {src} is `{d.encoding}`, not a text encoding Python knows "
+                          f"(e.g. utf-8, latin-1, cp1252)") from None
+
+
+def _check_trackers(names: Sequence[str], src: str) -> None:
+    """Known tracker names whose package is installed; checked here so a missing package fails
+    before any model loads (``find_spec`` imports nothing)."""
+    import importlib.util
+
+    for i, name in enumerate(names):
+        if name not in TRACKERS:
+            m = difflib.get_close_matches(str(name), list(TRACKERS), n=1, cutoff=0.5)
+            hint = f"; did you mean `{m[0]}`?" if m else ""
+            raise RecipeError(f"`train.report_to[{i}]` in {src}: unknown tracker {name!r} "
+                              f"(choose from {', '.join(TRACKERS)}){hint}")
+        if names.count(name) > 1:
+            raise RecipeError(f"`train.report_to` in {src} lists {name} twice")
+        if importlib.util.find_spec(TRACKERS[name]) is None:
+            raise RecipeError(f"`train.report_to` in {src} asks for {name}, which is not installed: "
+                              f"pip install 'finetune-cli[{name}]'")
 
 
 # ---- probe recipes ----------------------------------------------------------------------------
@@ -442,7 +486,7 @@ class SplitConfig:
 
     source: Optional[str] = field_spec(None, choices=("train", "eval"), help="which split to cut in two; None = no cut")
     eval_fraction: float = field_spec(0.2, gt=0.0, lt=1.0)
-    seed: Optional[int] = field_spec(None, help="default: the task's data.seed, then train.seed")
+    seed: Optional[int] = field_spec(None, ge=0, le=SEED_MAX, help="default: the task's data.seed, then train.seed")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,9 @@
 
 Human output goes to stderr so that ``--json`` output on stdout stays machine-readable. When
 stderr is not a terminal, or ``CI`` is set, progress becomes plain log lines.
+
+Under a launcher (``torchrun``, ``accelerate launch``) only the main process (``RANK`` 0) writes:
+the other ranks run the same code with a silent UI, so every line appears once.
 """
 
 from __future__ import annotations
@@ -12,6 +15,11 @@ from typing import Any, Optional
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a launched run, or a process no launcher started."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _plain() -> bool:
@@ -26,7 +34,8 @@ class UI:
         width = None if not _plain() else int(os.environ.get("COLUMNS", "0") or 0) or 200
         self.console = console or Console(stderr=True, highlight=False, soft_wrap=True, width=width,
                                           force_terminal=None if not _plain() else False)
-        self.quiet = quiet
+        self.main = is_main_process()
+        self.quiet = quiet or not self.main
         self.plain = _plain()
 
     def log(self, msg: str) -> None:
@@ -38,13 +47,16 @@ class UI:
             self.console.rule(title) if not self.plain else self.console.print(f"== {title} ==", markup=False)
 
     def print(self, obj: Any) -> None:
-        self.console.print(obj)
+        if self.main:
+            self.console.print(obj)
 
     def error(self, msg: str) -> None:
-        self.console.print(f"error: {msg}", markup=False, style="bold red" if not self.plain else None)
+        if self.main:  # other ranks fail alike (or are stopped by the launcher): one line, not N
+            self.console.print(f"error: {msg}", markup=False, style="bold red" if not self.plain else None)
 
     def warn(self, msg: str) -> None:
-        self.console.print(f"warning: {msg}", markup=False, style="yellow" if not self.plain else None)
+        if self.main:
+            self.console.print(f"warning: {msg}", markup=False, style="yellow" if not self.plain else None)
 
     def progress(self, total: int, description: str, transient: bool = False) -> ProgressHandle:
         return ProgressHandle(self, total, description, transient)

@@ -11,16 +11,22 @@ import csv
 import hashlib
 import io
 import json
-import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune_cli.data.sources import detect_format, read_file, resolve_path
+from finetune_cli.data.sources import (
+    CONVERT_HINT,
+    decode_file,
+    detect_format,
+    json_records,
+    read_file,
+    read_parquet_rows,
+    resolve_path,
+)
 from finetune_cli.errors import DataError
-from finetune_cli.fsutil import atomic_write_text
+from finetune_cli.fsutil import atomic_file, atomic_write_text
 
 # Column names tried, in order, when --column is not given (pairs first).
 KNOWN_PAIRS = (("sentence1", "sentence2"), ("text", "text_pair"), ("premise", "hypothesis"),
@@ -41,30 +47,29 @@ class InputData:
         return len(self.columns[self.names[0]])
 
 
-def _first_row(path: Path, fmt: str) -> Optional[list[str]]:
-    with path.open(encoding="utf-8", newline="") as f:
-        for line in f:
-            if not line.strip("\r\n"):
-                continue
-            if fmt == "csv":
-                return next(csv.reader([line]))
-            return line.rstrip("\r\n").split("\t")
+def _first_row(path: Path, fmt: str, src: str) -> Optional[list[str]]:
+    for line in io.StringIO(decode_file(path, src, hint=CONVERT_HINT), newline=""):
+        if not line.strip("\r\n"):
+            continue
+        if fmt == "csv":
+            return next(csv.reader([line]))
+        return line.rstrip("\r\n").split("\t")
     return None
 
 
 def _record_keys(path: Path, fmt: str, src: str) -> list[str]:
     if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        return list(pq.read_schema(path).names)
+        rows = read_parquet_rows(path, src)
+        if not rows:
+            raise DataError(f"data file {src} is empty")
+        return [str(k) for k in rows[0]]
+    text = decode_file(path, src, hint=CONVERT_HINT)
     try:
         if fmt == "jsonl":
-            with path.open(encoding="utf-8") as f:
-                first = next((ln for ln in f if ln.strip()), None)
+            first = next((ln for ln in text.split("\n") if ln.strip()), None)
             rec = json.loads(first) if first is not None else None
         else:
-            obj = json.loads(path.read_text(encoding="utf-8"))
-            recs = obj.get("data", obj) if isinstance(obj, dict) else obj
+            recs = json_records(json.loads(text), src)
             rec = recs[0] if recs else None
     except json.JSONDecodeError as e:
         raise DataError(f"malformed JSON in {src}: {e.msg} at line {e.lineno}") from None
@@ -95,7 +100,7 @@ def read_input(src: str, fmt: str = "auto", columns: tuple[str, ...] = (), heade
     fmt = detect_format(path, fmt)
     wanted = tuple(columns)
     if fmt in ("tsv", "csv"):
-        first = _first_row(path, fmt)
+        first = _first_row(path, fmt, src)
         if first is None:
             raise DataError(f"data file {src} is empty")
         if header == "yes":
@@ -124,14 +129,14 @@ def read_input(src: str, fmt: str = "auto", columns: tuple[str, ...] = (), heade
         for c in wanted:
             if c not in names:
                 raise DataError(f"missing column `{c}` in {src} (header: {', '.join(first[:12]) if has_header else 'none'})")
-        table = read_file(src, colmap, fmt, "yes" if has_header else "no")
+        table = read_file(src, colmap, fmt, "yes" if has_header else "no", hint=CONVERT_HINT)
     elif fmt == "txt":
         has_header = False
         names = ["text"]
         if wanted and wanted != ("text",):
             raise DataError(f"{src} is plain text (one sentence a line): its only column is `text`")
         wanted = ("text",)
-        table = read_file(src, {"text": "text"}, fmt)
+        table = read_file(src, {"text": "text"}, fmt, hint=CONVERT_HINT)
     else:
         has_header = True
         names = _record_keys(path, fmt, src)
@@ -140,7 +145,7 @@ def read_input(src: str, fmt: str = "auto", columns: tuple[str, ...] = (), heade
         for c in wanted:
             if c not in names:
                 raise DataError(f"missing column `{c}` in record 1 of {src} (keys: {', '.join(names[:12])})")
-        table = read_file(src, {n: n for n in names}, fmt)
+        table = read_file(src, {n: n for n in names}, fmt, hint=CONVERT_HINT)
     if len(set(wanted)) != len(wanted):
         raise DataError(f"--column names the same column twice: {', '.join(wanted)}")
     if len(table) == 0:
@@ -236,11 +241,5 @@ def write_output(rows: list[dict[str, Any]], data: InputData, output: Path, fmt:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
+        with atomic_file(output) as tmp:
             pq.write_table(pa.Table.from_pylist(rows), tmp)
-            os.replace(tmp, output)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise

@@ -5,14 +5,18 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import sys
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
 from finetune_cli.errors import FinetuneError
-from finetune_cli.ui import UI
+from finetune_cli.fsutil import is_write_failure, output_error
+from finetune_cli.ui import UI, is_main_process
 
 RecipeOpt = Annotated[str, typer.Option("--recipe", "-r", help="YAML recipe file, or the name of a packaged recipe.")]
 Overrides = Annotated[Optional[list[str]], typer.Argument(
@@ -23,6 +27,9 @@ DataDirOpt = Annotated[Optional[str], typer.Option(
                        "for glue:* datasets. Default: $FINETUNE_DATA_DIR.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON document on stdout.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Only errors on stderr.")]
+ExpectOpt = Annotated[Optional[list[str]], typer.Option(
+    "--expect", help="Quality gate, e.g. 'accuracy>=0.85' or 'ece<=0.05' (repeatable): exit 4 with one line "
+                     "naming the metric, its value and the bound when one fails.", show_default=False)]
 
 
 def _json_safe(obj: Any) -> Any:
@@ -37,23 +44,65 @@ def _json_safe(obj: Any) -> Any:
 
 
 def emit_json(obj: Any) -> None:
+    if not is_main_process():  # one document, not one per rank
+        return
     sys.stdout.write(json.dumps(_json_safe(obj), indent=2, default=str, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 
+DEBUG_ENV = "FINETUNE_DEBUG"
+_debug_flag = False
+
+
+def set_debug(on: bool) -> None:
+    """``finetune --debug``: show tracebacks (set by the top-level callback on every invocation)."""
+    global _debug_flag
+    _debug_flag = on
+
+
+def debug_enabled() -> bool:
+    return _debug_flag or os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def one_line(text: str, limit: int = 0) -> str:
+    """Whitespace (newlines included) collapsed; cut at ``limit`` characters when given."""
+    s = " ".join(str(text).split())
+    return s if not limit or len(s) <= limit else s[: limit - 1] + "…"
+
+
 def handle_errors(fn: Callable) -> Callable:
-    """Turn user-facing errors into one line on stderr and a non-zero exit."""
+    """The one error path of every command: a :class:`FinetuneError` becomes one stderr line and
+    its exit code; a failed write (full disk, read-only folder) one line and exit 4; anything else
+    is a bug: one line saying so, exit 1, and the traceback with ``--debug`` / ``FINETUNE_DEBUG=1``."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         ui = UI()
         try:
             return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
         except FinetuneError as e:
-            ui.error(str(e))
+            if debug_enabled():
+                traceback.print_exc(file=sys.stderr)
+            ui.error(one_line(str(e)))
             raise typer.Exit(getattr(e, "exit_code", 2)) from None
         except KeyboardInterrupt as e:
-            ui.error(str(e) or "interrupted")
+            ui.error(one_line(str(e)) or "interrupted")
             raise typer.Exit(130) from None
+        except Exception as e:  # noqa: BLE001 - the last resort: never a bare traceback
+            if debug_enabled():
+                traceback.print_exc(file=sys.stderr)
+            if is_write_failure(e):
+                err = output_error(e, getattr(e, "filename", None) or "a file", "access")
+                ui.error(one_line(str(err)))
+                raise typer.Exit(err.exit_code) from None
+            where = ""
+            tb = traceback.extract_tb(e.__traceback__)
+            if tb:
+                where = f" at {Path(tb[-1].filename).name}:{tb[-1].lineno}"
+            hint = "" if debug_enabled() else "; rerun with --debug for the traceback"
+            ui.error(one_line(f"unexpected {type(e).__name__}{where}: {e}", 300) + hint)
+            raise typer.Exit(1) from None
 
     return wrapper

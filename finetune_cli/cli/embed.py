@@ -17,13 +17,14 @@ def embed_cmd(
     output: Annotated[str, typer.Option("--output", "-o", help="Output .npy (+ .ids.npy with row ids) or .parquet.")],
     column: Annotated[Optional[str], typer.Option("--column", "-c", help="Column to embed (name or 0-based index; default: text).")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 64,
-    max_length: Annotated[int, typer.Option("--max-length", min=1)] = 128,
-    normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="L2-normalise the embeddings.")] = False,
+    max_length: Annotated[Optional[int], typer.Option("--max-length", min=1, help="Default: a sentence-transformers folder's max_seq_length, else the length the model was trained with, else 512.")] = None,
+    normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="L2-normalise the embeddings. Default: as the folder's sentence-transformers modules say (a Normalize module), else no.", show_default=False)] = None,
     device: DeviceOpt = "auto",
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Embed sentences with a model's pooled output (batched, longest first)."""
+    """Embed sentences with a model's pooled output (batched, longest first); a sentence-transformers
+    folder is embedded as ``SentenceTransformer(folder).encode`` does."""
     from finetune_cli.pipelines.embed import run_embed
 
     ui = UI(quiet=quiet)

@@ -10,6 +10,7 @@ import typer
 from finetune_cli.cli.common import (
     DataDirOpt,
     DeviceOpt,
+    ExpectOpt,
     JsonOpt,
     Overrides,
     QuietOpt,
@@ -33,14 +34,17 @@ def eval_cmd(
         "--out", help="Folder for eval.json and figures/ (default: the run directory evaluated).")] = None,
     no_figures: Annotated[bool, typer.Option("--no-figures", help="Skip the reliability and t-SNE PNGs.")] = False,
     tsne_max: Annotated[int, typer.Option("--tsne-max", min=4, help="Most points in the t-SNE picture.")] = 2000,
+    expect: ExpectOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Evaluate a model. Classification: accuracy, macro-F1, MCC, per-class scores, confusion matrix,
     calibration (ECE/MCE) and reliability / t-SNE figures. Embedding model: Spearman/Pearson of cosines
     against gold pair scores, alignment and uniformity."""
+    from finetune_cli.metrics.gates import enforce, parse_expectations
     from finetune_cli.pipelines.evaluate import eval_recipe, run_eval
 
+    gates = parse_expectations(expect or [])
     r = eval_recipe(model, recipe, overrides or [])
     ui = UI(quiet=quiet)
     from finetune_cli.pipelines.similarity import run_eval_similarity, wants_similarity
@@ -48,13 +52,17 @@ def eval_cmd(
     if wants_similarity(model, r):  # embedding model: STS metrics
         res = run_eval_similarity(model, r, ui, device=device, data_dir=data_dir, batch_size=batch_size)
         _render_similarity(res, ui, json_out)
+        enforce(gates, res.metrics, ui)
         return
     # The run's own evaluation is eval.json (what `report` reads); other data gets its own file.
     name = "eval" if recipe is None or out is not None else f"eval-{Path(recipe).stem}"
     res = run_eval(model, r, ui, device=device, data_dir=data_dir, batch_size=batch_size, bins=bins,
                    figures=not no_figures, out=out, tsne_max=tsne_max, name=name)
+    gated = {**res.metrics, **{k: res.calibration[k] for k in ("ece", "mce", "nll")
+                               if res.calibration and res.calibration.get(k) is not None}}
     if json_out:
         emit_json(res.to_dict())
+        enforce(gates, gated, ui)
         return
     t = _metrics_table(res)
     if res.calibration is not None:
@@ -66,6 +74,7 @@ def eval_cmd(
         from finetune_cli.cli.eval_render import render_classification
 
         render_classification(ui, res)
+    enforce(gates, gated, ui)
 
 
 def _metrics_table(res):

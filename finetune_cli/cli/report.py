@@ -21,6 +21,8 @@ def report_cmd(
     plot: Annotated[Optional[str], typer.Option(
         "--plot", help="PNG box plot path (default: report.png beside the runs).")] = None,
     no_plot: Annotated[bool, typer.Option("--no-plot", help="Do not write the PNG.")] = False,
+    curves: Annotated[Optional[str], typer.Option(
+        "--curves", help="Also draw every run's training curves into this PNG (seeds thin, recipe mean bold).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Mean ± std per metric per recipe over seeds, and paired comparisons (t-test, Wilcoxon)."""
@@ -32,8 +34,13 @@ def report_cmd(
     ui = UI()
     out = None if no_plot else (Path(plot) if plot else default_plot_path(run_dirs))
     rep = build_report(run_dirs, compare or [], plot=out)
+    curves_png = None
+    if curves:
+        from finetune_cli.viz.report_curves import report_curves
+
+        curves_png, _ = report_curves(rep, Path(curves))
     if json_out:
-        emit_json(rep.to_dict())
+        emit_json({**rep.to_dict(), **({"curves": str(curves_png)} if curves_png else {})})
         return
     if markdown:
         typer.echo(to_markdown(rep), nl=False)
@@ -45,3 +52,5 @@ def report_cmd(
         ui.warn(note)
     if rep.plot:
         ui.log(f"plot: {rep.plot}")
+    if curves_png:
+        ui.log(f"curves: {curves_png}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Optional
 
 import typer
@@ -9,6 +10,7 @@ import typer
 from finetune_cli.cli.common import (
     DataDirOpt,
     DeviceOpt,
+    ExpectOpt,
     JsonOpt,
     Overrides,
     QuietOpt,
@@ -33,23 +35,40 @@ def train(
     seeds: Annotated[Optional[str], typer.Option(
         "--seeds", help="Train once per seed (e.g. 1,2,3 or 1-5) into <output.dir>/<name>/seed-<k>/; "
                         "finished seeds are skipped, interrupted ones resume.")] = None,
+    expect: ExpectOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
+    nproc: Annotated[int, typer.Option(
+        "--nproc", min=1, help="Train on N processes: reruns this command under `torchrun --standalone "
+                               "--nproc_per_node N` (ignored when already started by a launcher).")] = 1,
 ) -> None:
     """Fine-tune a model with a recipe: finetune train --recipe recipes/scl.yaml train.epochs=3"""
+    from finetune_cli.engine.launch import relaunch, should_relaunch
+    from finetune_cli.metrics.gates import check_known, parse_expectations
     from finetune_cli.pipelines.train import run_train
 
+    if should_relaunch(nproc):
+        raise typer.Exit(relaunch(nproc, sys.argv[1:], sys.argv[0]))
+
     r = load_recipe(recipe, overrides or [])
+    gates = parse_expectations(expect or [])
+    if gates and hasattr(r, "objective"):
+        from finetune_cli.pipelines.gate_metrics import train_metrics
+
+        known = train_metrics(r)
+        if known:  # fail before training, not after it
+            check_known(gates, known, " in the final evaluation of training")
     ui = UI(quiet=quiet)
     if seeds is not None:
         from finetune_cli.cli.train_seeds import train_seeds
 
         return train_seeds(r, seeds, ui, device=device, data_dir=data_dir, resume=resume, overwrite=overwrite,
-                           json_out=json_out)
+                           json_out=json_out, gates=gates)
     out = run_train(r, ui, device=device, data_dir=data_dir, resume=resume, overwrite=overwrite)
     s = out.summary
     if json_out:
         emit_json(s)
+        _gate_final(gates, s, ui)
         return
     from rich.table import Table
 
@@ -61,3 +80,17 @@ def train(
     for k, v in (s.get("final_eval") or {}).items():
         t.add_row(f"final {k}", f"{v:.4f}")
     ui.print(t)
+    _gate_final(gates, s, ui)
+
+
+def _gate_final(gates, summary: dict, ui, where: str = "") -> None:
+    """Check ``--expect`` on the final evaluation of a run."""
+    if not gates:
+        return
+    from finetune_cli.errors import FinetuneError
+    from finetune_cli.metrics.gates import enforce
+
+    final = summary.get("final_eval") or {}
+    if not final:
+        raise FinetuneError(f"--expect: run {summary.get('run_dir')} has no final evaluation (no evaluation data)")
+    enforce(gates, final, ui, where)

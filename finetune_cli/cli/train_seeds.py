@@ -9,7 +9,7 @@ from finetune_cli.errors import RunDirError
 
 
 def train_seeds(recipe, seeds: str, ui, *, device: str, data_dir: Optional[str], resume: Optional[str],
-                overwrite: bool, json_out: bool) -> None:
+                overwrite: bool, json_out: bool, gates=()) -> None:
     from finetune_cli.metrics.stats import mean_std
     from finetune_cli.pipelines.multiseed import parse_seeds, run_seeds
 
@@ -24,6 +24,7 @@ def train_seeds(recipe, seeds: str, ui, *, device: str, data_dir: Optional[str],
         rows.append({"seed": seed, "status": status, **o.summary})
     if json_out:
         emit_json(rows)
+        _gate_seeds(gates, outs, seed_list, ui)
         return
     from rich.table import Table
 
@@ -39,3 +40,21 @@ def train_seeds(recipe, seeds: str, ui, *, device: str, data_dir: Optional[str],
         m, s = mean_std(vals)
         t.add_row("all", "", "mean ± std", "", "", f"{m:.4f} ± {s:.4f}" if s is not None else f"{m:.4f}")
     ui.print(t)
+    _gate_seeds(gates, outs, seed_list, ui)
+
+
+def _gate_seeds(gates, outs, seed_list, ui) -> None:
+    """``--expect`` holds for every seed's final evaluation; the failures of all seeds on one line."""
+    if not gates:
+        return
+    from finetune_cli.cli.train import _gate_final
+    from finetune_cli.metrics.gates import GateFailed
+
+    failed = []
+    for seed, o in zip(seed_list, outs, strict=True):
+        try:
+            _gate_final(gates, o.summary, ui, f" (seed {seed})")
+        except GateFailed as e:
+            failed.append(str(e).removeprefix("quality gate failed"))
+    if failed:
+        raise GateFailed("quality gate failed" + ";".join(failed))

@@ -7,8 +7,11 @@ text, not the start of a quoted field.
 
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -63,14 +66,45 @@ def detect_format(path: Path, fmt: str) -> str:
     raise DataError(f"cannot tell the format of {path} from its extension; set data.format (csv, tsv, jsonl, json, parquet, txt)")
 
 
-def _rows_delimited(path: Path, delimiter: str, quoting: bool) -> list[list[str]]:
-    with path.open(encoding="utf-8-sig", newline="") as f:
-        if quoting:
-            return [row for row in csv.reader(f, delimiter=delimiter)]
-        return [line.rstrip("\r\n").split(delimiter) for line in f if line.strip("\r\n")]
+ENCODING_HINT = "set data.encoding (e.g. data.encoding=latin-1) or convert the file to UTF-8"
+CONVERT_HINT = "convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8 IN > OUT)"
 
 
-def read_file(path_str: str, colmap: Mapping[str, Optional[Col]], fmt: str = "auto", header: str = "auto") -> Table:
+def check_encoding(name: str) -> str:
+    """The codec's canonical name, or a one-line error."""
+    try:
+        return codecs.lookup(name).name
+    except LookupError:
+        raise DataError(f"unknown text encoding `{name}` (try utf-8, latin-1, cp1252, utf-16)") from None
+
+
+def decode_file(path: Path, src: str, encoding: str = "utf-8", hint: str = ENCODING_HINT) -> str:
+    """The whole file as text. A UTF-8 byte-order mark is dropped (it would otherwise become part of
+    the first column's name); undecodable bytes are one error naming the file, the byte offset, the
+    row and what to do."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"cannot read {src}: {e.strerror or e}") from None
+    enc = check_encoding(encoding)
+    try:
+        return data.decode("utf-8-sig" if enc == "utf-8" else enc)
+    except UnicodeDecodeError as e:
+        row = data.count(b"\n", 0, e.start) + 1
+        bad = data[e.start:e.end][:4].hex(" ")
+        raise DataError(f"{src} is not valid {encoding}: byte(s) {bad} at byte offset {e.start} (row {row}); "
+                        f"{hint}") from None
+
+
+def _rows_delimited(text: str, delimiter: str, quoting: bool) -> list[list[str]]:
+    f = io.StringIO(text, newline="")
+    if quoting:
+        return [row for row in csv.reader(f, delimiter=delimiter)]
+    return [line.rstrip("\r\n").split(delimiter) for line in f if line.strip("\r\n")]
+
+
+def read_file(path_str: str, colmap: Mapping[str, Optional[Col]], fmt: str = "auto", header: str = "auto",
+              encoding: str = "utf-8", hint: str = ENCODING_HINT) -> Table:
     """Read ``path`` and pick the columns named in ``colmap`` (logical name -> column name or index).
 
     Columns mapped to None are skipped. A missing file, a missing column, a short row or an empty
@@ -82,7 +116,8 @@ def read_file(path_str: str, colmap: Mapping[str, Optional[Col]], fmt: str = "au
     fmt = detect_format(path, fmt)
     wanted = {k: v for k, v in colmap.items() if v is not None}
     if fmt in ("tsv", "csv"):
-        rows = _rows_delimited(path, "\t" if fmt == "tsv" else ",", quoting=(fmt == "csv"))
+        rows = _rows_delimited(decode_file(path, path_str, encoding, hint), "\t" if fmt == "tsv" else ",",
+                               quoting=(fmt == "csv"))
         if not rows:
             raise DataError(f"data file {path_str} is empty")
         names_wanted = [v for v in wanted.values() if isinstance(v, str)]
@@ -110,35 +145,65 @@ def read_file(path_str: str, colmap: Mapping[str, Optional[Col]], fmt: str = "au
                 cols[k].append(row[i])
         return Table(cols, path_str, row_ids=list(range(first_line, first_line + len(body))))
     if fmt in ("jsonl", "json"):
-        text = path.read_text(encoding="utf-8-sig")
+        text = decode_file(path, path_str, encoding, hint)
         if fmt == "jsonl":
             records = []
-            for n, line in enumerate(text.splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"malformed JSON in {path_str}: {e.msg} at line {n}, column {e.colno}") from None
+            for n, line in enumerate(text.split("\n"), 1):
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise DataError(f"malformed JSON in {path_str}: {e.msg} at line {n}, column {e.colno}") from None
         else:
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as e:
                 raise DataError(f"malformed JSON in {path_str}: {e.msg} at line {e.lineno}") from None
-            records = obj.get("data", obj) if isinstance(obj, dict) else obj
+            records = json_records(obj, path_str)
         return _from_records(records, wanted, path_str)
     if fmt == "parquet":
         try:
-            import pyarrow.parquet as pq
+            import pyarrow  # noqa: F401
         except ImportError:
             raise DataError("reading parquet needs pyarrow (pip install 'finetune-cli[parquet]')") from None
-        return _from_records(pq.read_table(path).to_pylist(), wanted, path_str)
+        return _from_records(read_parquet_rows(path, path_str), wanted, path_str)
     if fmt == "txt":
-        lines = [line.rstrip("\r\n") for line in path.open(encoding="utf-8-sig")]
+        lines = [line.rstrip("\r\n") for line in io.StringIO(decode_file(path, path_str, encoding, hint), newline=None)]
         lines = [s for s in lines if s.strip()]
         text_col = next(iter(wanted), "text")
         return Table({text_col: lines}, path_str, row_ids=list(range(1, len(lines) + 1)))
     raise DataError(f"unsupported data format `{fmt}` for {path_str}")
+
+
+def json_records(obj: Any, src: str) -> list[Any]:
+    """A JSON file's records: a top-level list, or the list under an object's ``data`` key."""
+    records = obj.get("data") if isinstance(obj, dict) and "data" in obj else obj
+    if not isinstance(records, list):
+        raise DataError(f"{src} must hold a JSON list of records (or an object whose `data` is one); its top "
+                        f"level is {'an object' if isinstance(records, dict) else type(records).__name__}")
+    return records
+
+
+def read_parquet_rows(path: Path, src: str) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{src} is not a readable Parquet file ({' '.join(str(e).split())[:160]})") from None
+
+
+def is_missing(v: Any, words: tuple[str, ...] = ()) -> bool:
+    """None, a float NaN, a blank string, or one of ``words`` (e.g. ``nan`` for a label, the way
+    pandas writes a missing value): a missing label or text."""
+    if v is None:
+        return True
+    if isinstance(v, float):
+        return math.isnan(v)
+    if isinstance(v, str):
+        return not v.strip() or v.strip().lower() in words
+    return False
 
 
 def _from_records(records: list[Any], wanted: Mapping[str, Col], src: str) -> Table:

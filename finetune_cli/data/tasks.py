@@ -3,22 +3,27 @@
 Labels: class labels are mapped to ids (``data.label_names`` fixes the order; otherwise the hub's
 ClassLabel names, otherwise the sorted labels of the training set — numerically when they are
 all integers). Evaluation labels never seen in training are an error, as is a row without a label.
+
+Label types: ``class`` (one label per row), ``float`` (a regression score), ``multi`` (a set of
+labels per row: a JSONL list, or one string split at ``data.label_separator``; mapped to multi-hot
+float vectors). A single-label row that looks like several labels (``pos,funny``) is refused
+rather than made into a class of its own.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
 from finetune_cli.data import glue
-from finetune_cli.data.sources import DATA_DIR_ENV, Table, read_file, read_hub
+from finetune_cli.data.sources import DATA_DIR_ENV, Table, is_missing, read_file, read_hub
 from finetune_cli.errors import DataError
 from finetune_cli.recipe import DataConfig
-
 
 
 @dataclass
@@ -27,6 +32,7 @@ class TaskData:
     eval: Optional[Table]
     label_names: Optional[list[str]]  # None for regression / unlabeled
     label_type: Optional[str]
+    notes: list[str] = field(default_factory=list)  # e.g. rows dropped by data.drop_invalid
 
     @property
     def num_labels(self) -> int:
@@ -64,7 +70,7 @@ def _read(cfg: DataConfig, which: str, data_dir: Optional[Path], required: tuple
         if task is not None and data_dir is not None:
             path = glue.local_file(task, data_dir, split, cfg.train_split)
             cm = {k: v for k, v in task.local_cols.items() if k in required or k == "text_pair"}
-            t = read_file(str(path), cm, "tsv", task.header)
+            t = read_file(str(path), cm, "tsv", task.header, encoding=cfg.encoding)
             if task.local_label_map and "label" in t.columns:
                 t.columns["label"] = [task.local_label_map.get(str(v).strip(), v) for v in t.columns["label"]]
             t.label_names = list(task.label_names) if task.label_names else None
@@ -75,7 +81,7 @@ def _read(cfg: DataConfig, which: str, data_dir: Optional[Path], required: tuple
     path = cfg.train if which == "train" else cfg.eval
     if path is None:
         return None
-    return read_file(path, colmap, cfg.format, cfg.header)
+    return read_file(path, colmap, cfg.format, cfg.header, encoding=cfg.encoding)
 
 
 def _is_int(s: str) -> bool:
@@ -86,17 +92,89 @@ def _is_int(s: str) -> bool:
         return False
 
 
+def _row(t: Table, i: int) -> int:
+    return t.row_ids[i] if t.row_ids else i + 1
+
+
 def _check_labels_present(t: Table) -> None:
     for i, v in enumerate(t.columns["label"]):
-        if v is None or (isinstance(v, str) and not v.strip()):
+        if is_missing(v, ("nan",)):
+            raise DataError(f"row {_row(t, i)} of {t.source} has no label ({v!r}; unlabeled data cannot train this "
+                            f"objective; data.drop_invalid=true drops such rows)")
+
+
+def invalid_row(t: Table, i: int, text_columns: tuple[str, ...], label: bool) -> Optional[str]:
+    """Why row ``i`` cannot be used (a missing label, a missing/empty/non-text text), or None."""
+    for c in text_columns:
+        if c not in t.columns:
+            continue
+        v = t.columns[c][i]
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return f"has no text in column `{c}` (null)"
+        if not isinstance(v, str):
+            return f"has {type(v).__name__} {v!r} in text column `{c}`, not a string"
+        if not v.strip():
+            return f"has an empty text in column `{c}`"
+    if label and "label" in t.columns and is_missing(t.columns["label"][i], ("nan",)):
+        return f"has no label ({t.columns['label'][i]!r})"
+    return None
+
+
+def check_rows(t: Table, text_columns: tuple[str, ...], label: bool, drop: bool, notes: list[str]) -> Table:
+    """Refuse (or, with ``drop``, drop and count) rows with a missing label or a bad text."""
+    bad = [(i, why) for i in range(len(t)) if (why := invalid_row(t, i, text_columns, label)) is not None]
+    if not bad:
+        return t
+    if not drop:
+        i, why = bad[0]
+        more = f" ({len(bad) - 1} more such rows)" if len(bad) > 1 else ""
+        raise DataError(f"row {_row(t, i)} of {t.source} {why}{more}; fix the data or set data.drop_invalid=true "
+                        f"to drop such rows")
+    keep = sorted(set(range(len(t))) - {i for i, _ in bad})
+    if not keep:
+        raise DataError(f"every row of {t.source} is invalid (e.g. row {_row(t, bad[0][0])} {bad[0][1]})")
+    notes.append(f"dropped {len(bad)} of {len(t)} rows of {t.source} (data.drop_invalid): first, row "
+                 f"{_row(t, bad[0][0])} {bad[0][1]}")
+    return t.select(keep)
+
+
+MULTI_SEPARATORS = (",", ";", "|")
+
+
+def resolve_problem_type(cfg: DataConfig, requested: str) -> str:
+    """``model.problem_type`` with ``auto`` resolved from the data section alone: multi-label when
+    ``data.label_separator`` is set, regression for a GLUE task without classes (STS-B), else
+    single-label classification."""
+    if requested != "auto":
+        return requested
+    if cfg.label_separator:
+        return "multi_label_classification"
+    if cfg.dataset:
+        name, config = glue.parse_dataset(cfg.dataset)
+        task = glue.glue_task(name, config)
+        if task is not None and task.label_names is None:
+            return "regression"
+    return "single_label_classification"
+
+
+def _refuse_multi_labels(t: Table, raw: list[Any]) -> None:
+    for i, v in enumerate(raw):
+        several = isinstance(v, (list, tuple)) or any(s in str(v) for s in MULTI_SEPARATORS)
+        if several:
             row = t.row_ids[i] if t.row_ids else i + 1
-            raise DataError(f"row {row} of {t.source} has no label (unlabeled data cannot train this objective)")
+            shown = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v).strip()
+            raise DataError(f"label `{shown}` in row {row} of {t.source} looks like several labels; for multi-label "
+                            f"classification set model.problem_type=multi_label_classification (and "
+                            f"data.label_separator=',' for joined strings), or list it in data.label_names if it is "
+                            f"one class")
 
 
 def _map_class_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConfig) -> list[str]:
     for t in (train, ev):
         if t is not None:
             _check_labels_present(t)
+            if not cfg.label_names:
+                _refuse_multi_labels(t, t.columns["label"])
             t.columns["label"] = [str(v).strip() for v in t.columns["label"]]
     if cfg.label_names:
         names = list(cfg.label_names)
@@ -120,6 +198,48 @@ def _map_class_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConf
                 raise DataError(f"label `{v}` in row {row} of {t.source} was {seen} (known: {', '.join(names)})")
             ids.append(index[v])
         t.columns["label"] = ids
+    return names
+
+
+def _label_set(v: Any, sep: Optional[str]) -> list[str]:
+    if isinstance(v, (list, tuple)):
+        return [str(x).strip() for x in v if str(x).strip()]
+    if v is None:
+        return []
+    s = str(v).strip()
+    if sep is None:
+        return [s] if s else []
+    return [x.strip() for x in s.split(sep) if x.strip()]
+
+
+def _map_multi_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConfig) -> list[str]:
+    """Label sets -> multi-hot float vectors; returns the label names (id i = names[i])."""
+    sets: dict[int, list[list[str]]] = {}
+    for t in (train, ev):
+        if t is not None:
+            sets[id(t)] = [_label_set(v, cfg.label_separator) for v in t.columns["label"]]
+    if cfg.label_names:
+        names = list(cfg.label_names)
+    else:
+        src = train if train is not None else ev
+        names = sorted({x for s in sets[id(src)] for x in s})  # type: ignore[arg-type]
+    if not names:
+        raise DataError("multi-label data has no labels at all")
+    index = {n: i for i, n in enumerate(names)}
+    for t in (train, ev):
+        if t is None:
+            continue
+        vecs = []
+        for i, s in enumerate(sets[id(t)]):
+            v = [0.0] * len(names)
+            for x in s:
+                if x not in index:
+                    row = t.row_ids[i] if t.row_ids else i + 1
+                    raise DataError(f"label `{x}` in row {row} of {t.source} was never seen in training "
+                                    f"(known: {', '.join(names)})")
+                v[index[x]] = 1.0
+            vecs.append(v)
+        t.columns["label"] = vecs
     return names
 
 
@@ -155,11 +275,14 @@ def _map_float_labels(t: Optional[Table]) -> None:
     out = []
     for i, v in enumerate(t.columns["label"]):
         try:
-            out.append(float(v))
+            f = float(v)
         except (TypeError, ValueError):
-            row = t.row_ids[i] if t.row_ids else i + 1
-            raise DataError(f"label `{v}` in row {row} of {t.source} is not a number (this objective needs "
+            raise DataError(f"label `{v}` in row {_row(t, i)} of {t.source} is not a number (this objective needs "
                             f"a regression score)") from None
+        if not math.isfinite(f):
+            raise DataError(f"label `{v}` in row {_row(t, i)} of {t.source} is not a finite number (a gold score "
+                            f"must be finite)")
+        out.append(f)
     t.columns["label"] = out
 
 
@@ -194,6 +317,9 @@ def load_task_data(cfg: DataConfig, *, seed: int, label_type: Optional[str], req
     ev = _read(cfg, "eval", data_dir, required_columns) if (need_eval or cfg.eval or cfg.dataset) else None
     if need_eval and ev is None:
         raise DataError("no evaluation data: set data.eval (or data.dataset with data.eval_split)")
+    notes: list[str] = []
+    text_cols = tuple(c for c in ("text", "text_pair", "hard_neg") if c in required_columns or c == "text_pair")
+    checked: list[Optional[Table]] = []
     for t, what in ((train, "training"), (ev, "evaluation")):
         if t is not None and len(t) == 0:
             raise DataError(f"{what} data {t.source} is empty")
@@ -201,12 +327,18 @@ def load_task_data(cfg: DataConfig, *, seed: int, label_type: Optional[str], req
             for col in required_columns:
                 if col not in t.columns:
                     raise DataError(f"{what} data {t.source} has no `{col}` column (set data.columns.{col})")
+            t = check_rows(t, text_cols, label_type not in (None, "multi") and "label" in required_columns, cfg.drop_invalid,
+                           notes)
+        checked.append(t)
+    train, ev = checked
     names: Optional[list[str]] = None
     if label_type == "class":
         names = _map_class_labels(train, ev, cfg)
         if train is not None and len(set(train.columns["label"])) < min_classes:
             raise DataError(f"training data {train.source} has {len(set(train.columns['label']))} class(es); "
                             f"this objective needs at least {min_classes}")
+    elif label_type == "multi":
+        names = _map_multi_labels(train, ev, cfg)
     elif label_type == "float":
         _map_float_labels(train)
         _map_float_labels(ev)
@@ -219,4 +351,4 @@ def load_task_data(cfg: DataConfig, *, seed: int, label_type: Optional[str], req
             train = subsample(train, cfg.max_train_samples, seed)
     if ev is not None and cfg.max_eval_samples:
         ev = subsample(ev, cfg.max_eval_samples, seed)
-    return TaskData(train, ev, names, label_type)
+    return TaskData(train, ev, names, label_type, notes)

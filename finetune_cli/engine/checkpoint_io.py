@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -130,3 +130,19 @@ def load_legacy(path: Path) -> Any:
         what = "holds objects that are not plain data (refused: loading it could run code)" if (
             "weights_only" in reason or "global" in reason.lower()) else "cannot be read"
         raise CorruptCheckpointError(f"checkpoint file {path} {what}") from None
+
+
+def states_problem(ck: Path) -> Optional[str]:
+    """Why the engine's states in checkpoint ``ck`` cannot be read back (never unpickled), or None:
+    optimizer, scheduler, the scaler when there is one, and every RNG state (``rng-<rank>`` of each
+    process, or a 0.1 checkpoint's single ``rng``)."""
+    ck = Path(ck)
+    rngs = sorted({p.name.split(".")[0] for p in ck.glob("rng-*.json")}) or ["rng"]
+    for name in ("optimizer", "scheduler", "scaler", *rngs):
+        if name == "scaler" and not has_state(ck, name):
+            continue
+        try:
+            load_state(ck, name)
+        except CorruptCheckpointError as e:
+            return str(e)
+    return None

@@ -8,10 +8,16 @@ by a chosen metric, atomic checkpoints and exact resume, progress and ``metrics.
 What it does not do: compute a loss. It calls ``objective(model, batch)`` and reads ``"loss"`` and
 the objective's declared ``parts``; it never looks at which objective it runs.
 
-Exact resume: a checkpoint holds the model, optimizer, scheduler, every RNG state and the data
-position (epoch, batches consumed). Batches of an epoch are a pure function of (seed, epoch), and
-no DataLoader iterator draws from the global RNG, so a resumed run replays the same batches with
-the same dropout masks and ends with the same weights as a run that never stopped.
+Exact resume: a checkpoint holds the model, optimizer, scheduler, every RNG state (one per process,
+``rng-<rank>``) and the data position (epoch, batches consumed). Batches of an epoch are a pure
+function of (seed, epoch), and no DataLoader iterator draws from the global RNG, so a resumed run
+replays the same batches with the same dropout masks and ends with the same weights as a run that
+never stopped.
+
+Several processes (``torchrun``, ``accelerate launch``; see ``engine/distributed.py``): each rank has
+its own seed stream and RNG state; the main process alone prints and writes; a stop request
+(SIGINT/SIGTERM on any rank) is agreed on at every step boundary, so all ranks stop after the
+same step; evaluation is split over the ranks.
 """
 
 from __future__ import annotations
@@ -20,12 +26,11 @@ import contextlib
 import copy
 import json
 import math
-import os
 import random
 import shutil
-import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -33,10 +38,19 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from finetune_cli.data.encode import EncodedData, collate, to_device
+from finetune_cli.data.encode import EncodedData, collate, pin, to_device
 from finetune_cli.data.sampling import epoch_batches
+from finetune_cli.engine import device_info, tracking
 from finetune_cli.engine.checkpoint_io import has_state, load_state, save_state
 from finetune_cli.engine.device import resolve_device
+from finetune_cli.engine.distributed import (
+    StopRequests,
+    freeze_unused_parameters,
+    init_distributed,
+    launched_world_size,
+    rank_seed,
+)
+from finetune_cli.engine.inference import sharded
 from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, clean_stale_temps
 from finetune_cli.recipe import TrainConfig
@@ -71,6 +85,8 @@ class TrainResult:
     precision: str
     samples_per_second: float
     interrupted: bool = False
+    device_name: str = ""  # e.g. "cuda:0 NVIDIA H100 80GB HBM3" or "cpu ×2 threads"
+    gpu_mem_peak_gb: Optional[float] = None  # CUDA only
 
 
 class Interrupted(Exception):
@@ -106,20 +122,21 @@ def seed_everything(seed: int) -> None:
 
 # ---- device -----------------------------------------------------------------------------------
 
-def make_accelerator(device: str, precision: str):
+def make_accelerator(device: str, precision: str, **tracking_kwargs):
     """``device``: auto | cpu | cuda | cuda:N. ``precision``: auto (bf16 on a GPU that has it) |
-    fp32 | bf16 | fp16 (fp16 uses a gradient scaler; GPU only)."""
+    fp32 | bf16 | fp16 (fp16 uses a gradient scaler; GPU only). ``tracking_kwargs``: ``log_with``
+    and ``project_dir`` for experiment trackers (see ``engine.tracking``)."""
     from accelerate import Accelerator
 
     dev = resolve_device(device)
-    if dev.type == "cuda" and dev.index is not None and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    if dev.type == "cuda" and dev.index is not None and launched_world_size() == 1:
         torch.cuda.set_device(dev)
     use_cpu = dev.type == "cpu"
     # accelerate keeps one process-wide state and refuses a second Accelerator with other settings;
     # a single-process caller (tests, multi-seed runs, probe stages) may train several times with
     # different devices or precisions, so start each run from a clean state. Under a launcher
     # (WORLD_SIZE > 1) the distributed state must stay.
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    if launched_world_size() == 1:
         from accelerate.state import AcceleratorState
 
         AcceleratorState._reset_state(reset_partial_state=True)
@@ -131,7 +148,7 @@ def make_accelerator(device: str, precision: str):
         if use_cpu and precision == "fp16":
             raise TrainingError("precision fp16 needs a GPU; use fp32 or bf16 on the CPU")
         mp = precision
-    return Accelerator(cpu=use_cpu, mixed_precision=mp)
+    return Accelerator(cpu=use_cpu, mixed_precision=mp, **tracking_kwargs)
 
 
 ENCODER_PREFIX = "encoder."
@@ -154,8 +171,8 @@ def set_train_mode(model: torch.nn.Module, frozen_encoder: bool) -> None:
     point of head-only training (with dropout on, every epoch would see different features)."""
     model.train()
     if frozen_encoder:
-        for name, m in model.named_modules():
-            if name + "." == ENCODER_PREFIX:
+        for name, m in model.named_modules():  # "encoder", or "module.encoder" under DDP
+            if name + "." == ENCODER_PREFIX or name.endswith("." + ENCODER_PREFIX[:-1]):
                 m.eval()
 
 
@@ -202,17 +219,23 @@ class Trainer:
         sampler: name of the batch sampler (``Objective.sampler``, or ``random`` when
             ``data.group_by_length`` is off).
         callbacks: ``cb(trainer, state)`` after each optimizer step (tests use it to interrupt).
+        prefetch: build the next batch in a background thread while the current one trains
+            (same batches either way; off only to compare).
     """
 
     def __init__(self, model, objective, train_data: EncodedData, cfg: TrainConfig, run_dir: Path, *, pad_id: int,
                  save_model: Callable[[Any, Path], None], evaluate: Optional[Callable[[Any], dict[str, float]]],
                  ui, recipe_yaml: str, device: str = "auto", sampler: str = "length_grouped",
-                 callbacks: Sequence[Callable[[Trainer, TrainState], None]] = ()):
+                 callbacks: Sequence[Callable[[Trainer, TrainState], None]] = (), prefetch: bool = True):
         self.cfg, self.run_dir, self.ui = cfg, Path(run_dir), ui
+        self.prefetch = prefetch
         self.train_data, self.pad_id = train_data, pad_id
         self.save_model_fn, self.evaluate_fn = save_model, evaluate
         self.recipe_yaml, self.sampler, self.callbacks = recipe_yaml, sampler, list(callbacks)
-        self.acc = make_accelerator(device, cfg.precision)
+        self.procs = init_distributed(device)
+        self.acc = make_accelerator(device, cfg.precision,
+                                    **tracking.accelerator_kwargs(cfg.report_to, self.run_dir))
+        self.device_name = device_info.describe(self.acc.device)
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
         self.steps_per_epoch = math.ceil(len(epoch_batches(sampler, train_data.lengths, train_data.labels,
                                                            cfg.batch_size, cfg.seed, 0, self.rank, self.world))
@@ -226,18 +249,46 @@ class Trainer:
         if not any(p.requires_grad for p in model.parameters()):
             raise TrainingError("nothing to train: train.freeze_encoder is on and the model has no head "
                                 "(use a classification objective)")
-        # Fused AdamW on CUDA: one kernel for the whole update instead of a few per tensor.
-        fused = self.acc.device.type == "cuda"
+        # Fused AdamW (CPU and CUDA): one kernel for the whole update instead of a few per tensor;
+        # on the CPU it is several times faster than the per-tensor loop.
+        fused = True if self.acc.device.type in ("cpu", "cuda") else None
         opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, fused=fused)
+        # train.compile: widths are rounded up to multiples of 16 (never past the longest
+        # example), so torch.compile sees a handful of shapes, not one per batch width.
+        self.pad_multiple, self.max_width = (16, int(train_data.lengths.max())) if cfg.compile else (1, None)
+        if cfg.compile:
+            # Module.compile() compiles in place: parameter names, saving and DDP wrapping are unchanged.
+            (model.encoder if hasattr(model, "encoder") else model).compile()
         from transformers import get_linear_schedule_with_warmup
 
         self.scheduler = get_linear_schedule_with_warmup(opt, int(cfg.warmup_ratio * self.total_steps), self.total_steps)
-        self.model, self.optimizer = self.acc.prepare(model, opt)
         self.objective = objective.to(self.acc.device)
+        self.frozen: list[str] = []
+        # Whenever DDP will wrap the model: also one process under torchrun (accelerate then joins a
+        # process group of one and wraps the model all the same).
+        if self.world > 1 or (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            self.frozen = self._freeze_unused(model)
+            if self.frozen:
+                ui.log(f"not trained (no loss uses them; DDP would wait for them): {', '.join(self.frozen)}")
+        self.model, self.optimizer = self.acc.prepare(model, opt)
         self.metric_greater = cfg.greater_is_better if cfg.greater_is_better is not None else (
             "loss" not in cfg.metric)
         self.state = TrainState()
-        self._stop_signal = False
+        self.stop = StopRequests(self.procs)
+
+    def _freeze_unused(self, model) -> list[str]:
+        """Before DDP wraps the model: freeze what no loss trains (see ``freeze_unused_parameters``).
+        The optimizer was built first, so its layout (and a checkpoint's) is the same for any
+        number of processes."""
+        model.to(self.acc.device)
+        idx = epoch_batches(self.sampler, self.train_data.lengths, self.train_data.labels, self.cfg.batch_size,
+                            self.cfg.seed, 0, self.rank, self.world)[0]
+
+        def probe():
+            with self.acc.autocast():
+                return self.objective(model, to_device(collate(self.train_data, idx, self.pad_id), self.acc.device))["loss"]
+
+        return freeze_unused_parameters(model, probe, self.procs)
 
     # ---- checkpoints --------------------------------------------------------------------------
     @property
@@ -250,6 +301,7 @@ class Trainer:
     def save_checkpoint(self, rng: Optional[dict[str, Any]] = None) -> Path:
         """Write ``checkpoint-<step>/`` atomically (a temp dir renamed into place), then prune."""
         target = self.run_dir / f"checkpoint-{self.state.step}"
+        rngs = self.procs.gather_to_main(rng or capture_rng())  # every rank's own stream
         if self.is_main:
             with atomic_dir(target) as tmp:
                 self.save_model_fn(self.unwrapped(), tmp / CHECKPOINT_MODEL)
@@ -258,7 +310,8 @@ class Trainer:
                 save_state(self.scheduler.state_dict(), tmp, "scheduler")
                 if self.acc.scaler is not None:
                     save_state(self.acc.scaler.state_dict(), tmp, "scaler")
-                save_state(rng or capture_rng(), tmp, "rng")
+                for r, rank_rng in enumerate(rngs):
+                    save_state(rank_rng, tmp, f"rng-{r}")
                 (tmp / "recipe.yaml").write_text(self.recipe_yaml)
                 (tmp / STATE_FILE).write_text(json.dumps(asdict(self.state), indent=2))
             keep = {self.state.step}
@@ -275,8 +328,18 @@ class Trainer:
         if self.acc.scaler is not None and has_state(ck, "scaler"):
             self.acc.scaler.load_state_dict(load_state(ck, "scaler"))
         self.state = TrainState(**json.loads((ck / STATE_FILE).read_text()))
-        self._resume_rng = load_state(ck, "rng")
+        self._resume_rng = self._checkpoint_rng(ck)
         self._truncate_metrics(self.state.step, drop_eval=self.state.eval_pending)
+
+    def _checkpoint_rng(self, ck: Path) -> Optional[dict[str, Any]]:
+        """This rank's RNG state: ``rng-<rank>``; a one-process checkpoint of finetune <= 0.2 has a
+        single ``rng``. A rank the checkpoint has no state for (it was written by fewer processes)
+        gets None: a fresh stream, and the resume is not exact (the batches differ anyway)."""
+        if has_state(ck, f"rng-{self.rank}"):
+            return load_state(ck, f"rng-{self.rank}")
+        if has_state(ck, "rng") and self.rank == 0:
+            return load_state(ck, "rng")
+        return None
 
     def _truncate_metrics(self, step: int, drop_eval: bool = False) -> None:
         """Drop metric lines logged after the checkpoint we resume from (they will be logged again),
@@ -289,13 +352,21 @@ class Trainer:
             at = rec.get("step", 0)
             return at < step or (at == step and not (drop_eval and any(k.startswith("eval/") for k in rec)))
 
-        keep = [ln for ln in f.read_text().splitlines() if ln.strip() and keep_line(json.loads(ln))]
+        keep = []
+        for ln in f.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:  # a line torn by a crash mid-write (or any garbage) is dropped
+                rec = json.loads(ln)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and keep_line(rec):
+                keep.append(ln)
         atomic_write_text(f, "".join(ln + "\n" for ln in keep))
 
     def _log_metrics(self, record: dict[str, Any]) -> None:
         if self.is_main:
             with (self.run_dir / METRICS).open("a") as f:
                 f.write(json.dumps(record) + "\n")
+        tracking.log(self.acc, record)
 
     # ---- evaluation ---------------------------------------------------------------------------
     def _evaluate(self, progress) -> Optional[dict[str, float]]:
@@ -303,9 +374,12 @@ class Trainer:
             return None
         model = self.unwrapped()
         model.eval()
-        with torch.no_grad(), self.acc.autocast():
+        with torch.no_grad(), self.acc.autocast(), sharded(self.procs):
             metrics = self.evaluate_fn(model)
-        set_train_mode(model, self.cfg.freeze_encoder)
+        set_train_mode(self.model, self.cfg.freeze_encoder)
+        # Every rank computed the same numbers from the same gathered outputs; take the main
+        # process's anyway, so best-checkpoint and early-stopping decisions cannot diverge.
+        metrics = self.procs.broadcast(metrics)
         if self.cfg.metric not in metrics:
             raise TrainingError(f"train.metric `{self.cfg.metric}` is not computed here (have: {', '.join(metrics)})")
         st = self.state
@@ -340,9 +414,68 @@ class Trainer:
             raise
         self.state.eval_pending = False
 
+    def _interrupt_checkpoint(self, rng: dict[str, Any], last_save_step: int) -> Optional[Path]:
+        """The checkpoint of a stopped run: the weights of the last completed step with the RNG state
+        the next step starts from (written once, unless the regular save just wrote it)."""
+        if self.state.step == 0:
+            return None
+        if self.state.step == last_save_step:
+            return self.run_dir / f"checkpoint-{self.state.step}"
+        return self.save_checkpoint(rng=rng)
+
     # ---- the loop -----------------------------------------------------------------------------
-    def _on_signal(self, signum, frame):  # SIGTERM -> same path as Ctrl-C
-        raise KeyboardInterrupt
+    def _batch_stream(self, pool: ThreadPoolExecutor, batches: list[list[int]], start: int) -> Iterator[Any]:
+        """Collated batches ``batches[start:]`` in order, each built one step ahead on ``pool``
+        (in page-locked memory on CUDA) while the current one trains. ``collate`` draws no random
+        numbers, so the batches and the RNG stream are those of a loop without prefetch."""
+        on_cuda = self.acc.device.type == "cuda"
+
+        def build(idx: list[int]):
+            b = collate(self.train_data, idx, self.pad_id, self.pad_multiple, self.max_width)
+            return pin(b) if on_cuda else b
+
+        if not self.prefetch:
+            yield from (build(idx) for idx in batches[start:])
+            return
+        nxt = pool.submit(build, batches[start]) if start < len(batches) else None
+        for k in range(start, len(batches)):
+            assert nxt is not None
+            b = nxt.result()
+            nxt = pool.submit(build, batches[k + 1]) if k + 1 < len(batches) else None
+            yield b
+
+    def _sync_losses(self) -> float:
+        """Read the loss parts of the steps since the last sync (one host transfer), check them
+        in order and add them to the log window. Raises on the first non-finite loss, naming its
+        step; no checkpoint or evaluation happens between that step and this check. Returns the
+        seconds spent waiting for the device."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return 0.0
+        t0 = time.perf_counter()
+        flat = torch.cat([p[4] for p in pending]).tolist()
+        waited = time.perf_counter() - t0
+        st, pos = self.state, 0
+        for step, epoch, n_micro, keys, _ in pending:
+            host = dict(zip(keys, flat[pos:pos + len(keys)], strict=True))
+            pos += len(keys)
+            if not math.isfinite(host["loss"]):
+                good = [c for c in list_checkpoints(self.run_dir) if checkpoint_step(c) < step]
+                raise TrainingError(
+                    f"loss is {host['loss'] / n_micro} at step {step} (epoch {epoch + 1}); stopped. "
+                    f"Last good checkpoint: {good[-1] if good else 'none'}")
+            for k, v in host.items():
+                st.log_window[k] = st.log_window.get(k, 0.0) + v / n_micro
+            st.log_window_steps += 1
+        return waited
+
+    def _seed(self, resume_from: Optional[Path]) -> None:
+        """Each rank's random stream: restored from the checkpoint, else seeded per rank."""
+        rng = self._resume_rng if resume_from is not None else None
+        if rng is not None:
+            restore_rng(rng)
+        else:
+            seed_everything(rank_seed(self.cfg.seed, self.rank) + (self.state.step if resume_from else 0))
 
     def train(self, resume_from: Optional[Path] = None) -> TrainResult:
         cfg, st = self.cfg, self.state
@@ -351,23 +484,27 @@ class Trainer:
         if resume_from is not None:
             self.load_checkpoint(resume_from)
             st = self.state
-            restore_rng(self._resume_rng)
-        else:
-            seed_everything(cfg.seed)
-        old_handler = signal.getsignal(signal.SIGTERM)
-        try:
-            signal.signal(signal.SIGTERM, self._on_signal)
-        except ValueError:  # not the main thread
-            old_handler = None
-        set_train_mode(self.unwrapped(), cfg.freeze_encoder)
+        self._seed(resume_from)
+        if resume_from is None and self.is_main:  # a run that died before its first checkpoint: its log starts afresh
+            (self.run_dir / METRICS).unlink(missing_ok=True)
+        import yaml
+
+        tracking.start(self.acc, cfg.report_to, self.run_dir, yaml.safe_load(self.recipe_yaml) or {},
+                       resuming=resume_from is not None)
+        device_info.reset_peak(self.acc.device)
+        set_train_mode(self.model, cfg.freeze_encoder)
         eval_every = eval_interval(cfg, self.steps_per_epoch, self.total_steps)
         save_every = cfg.save_every or eval_every
         last_eval_step = st.step if resume_from is not None else -1
         last_save_step = st.step if resume_from is not None else -1
         window_samples, window_time = 0, 0.0
         rng_at_step_start = capture_rng()
+        self._pending: list[tuple[int, int, int, tuple[str, ...], torch.Tensor]] = []
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="finetune-collate")
         try:
-            with self.ui.progress(self.total_steps, "train") as progress:
+            with self.stop.installed(), self.ui.progress(self.total_steps, f"train · {self.device_name}") as progress:
+                progress.log(f"training on {self.device_name} ({self.acc.mixed_precision} mixed precision, "
+                             f"{self.world} process{'es' if self.world > 1 else ''})")
                 progress.update(st.step)
                 if st.eval_pending:  # interrupted during this step's evaluation: finish it first
                     self._evaluate_step(progress)
@@ -377,15 +514,16 @@ class Trainer:
                     batches = epoch_batches(self.sampler, self.train_data.lengths, self.train_data.labels,
                                             cfg.batch_size, cfg.seed, epoch, self.rank, self.world)
                     i = st.batch_in_epoch if epoch == st.epoch else 0
+                    stream = self._batch_stream(pool, batches, i)
                     while i < len(batches) and st.step < self.total_steps and not st.stopped_early:
                         t0 = time.perf_counter()
                         micro = batches[i:i + cfg.grad_accum]
-                        # Loss parts stay on the device; one host sync per optimizer step (the
-                        # finiteness check) instead of one per value keeps the GPU fed.
+                        # Loss parts stay on the device until the next sync point (log, eval,
+                        # save): no host sync per step keeps the GPU fed.
                         parts_sum: dict[str, torch.Tensor] = {}
                         n_samples = 0
                         for j, idx in enumerate(micro):
-                            batch = to_device(collate(self.train_data, idx, self.pad_id), self.acc.device)
+                            batch = to_device(next(stream), self.acc.device)
                             sync = j == len(micro) - 1
                             ctx = self.acc.no_sync(self.model) if not sync and self.world > 1 else contextlib.nullcontext()
                             with ctx, self.acc.autocast():
@@ -397,13 +535,8 @@ class Trainer:
                                     v = out[k].detach().float()
                                     parts_sum[k] = parts_sum[k] + v if k in parts_sum else v
                             n_samples += len(idx)
-                        keys = list(parts_sum)
-                        host = dict(zip(keys, torch.stack([parts_sum[k] for k in keys]).tolist(), strict=False))
-                        if not math.isfinite(host["loss"]):
-                            good = list_checkpoints(self.run_dir)
-                            raise TrainingError(
-                                f"loss is {host['loss'] / len(micro)} at step {st.step + 1} "
-                                f"(epoch {epoch + 1}); stopped. Last good checkpoint: {good[-1] if good else 'none'}")
+                        keys = tuple(parts_sum)
+                        parts = torch.stack([parts_sum[k] for k in keys])
                         if cfg.max_grad_norm is not None:
                             self.acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                         self.optimizer.step()
@@ -412,41 +545,55 @@ class Trainer:
                         i += len(micro)
                         st.step += 1
                         st.epoch, st.batch_in_epoch = epoch, i
+                        self._pending.append((st.step, epoch, len(micro), keys, parts))
                         # Nothing until the next step draws random numbers (evaluation and saving
                         # do not), so this is the RNG state the next step starts from.
                         rng_at_step_start = capture_rng()
                         st.samples_seen += n_samples * self.world
                         dt = time.perf_counter() - t0
                         st.train_seconds += dt
-                        for k, v in host.items():
-                            st.log_window[k] = st.log_window.get(k, 0.0) + v / len(micro)
-                        st.log_window_steps += 1
                         window_samples += n_samples * self.world
                         window_time += dt
+                        do_eval = st.step % eval_every == 0 or st.step == self.total_steps
+                        do_save = st.step % save_every == 0 or st.step == self.total_steps
                         if st.step % cfg.log_every == 0 or st.step == self.total_steps:
+                            # On a GPU the steps since the last sync may still be queued: the wait
+                            # for them is training time.
+                            wait = self._sync_losses()
+                            st.train_seconds += wait
+                            window_time += wait
                             el = window_time  # training time only: evaluation and saving excluded
                             rec = {"step": st.step, "epoch": round(epoch + i / len(batches), 4),
                                    "lr": self.scheduler.get_last_lr()[0],
                                    **{k: v / st.log_window_steps for k, v in st.log_window.items()},
                                    "samples_per_s": window_samples / el if el > 0 else None}
+                            mem = device_info.memory(self.acc.device)
+                            rec.update(mem or {})
                             self._log_metrics(rec)
                             info = f"loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  {rec['samples_per_s'] or 0:.1f} sent/s"
+                            if mem:
+                                info += "  " + device_info.memory_text(mem)
                             progress.update(st.step, info, force_line=True)
                             st.log_window, st.log_window_steps = {}, 0
                             window_samples, window_time = 0, 0.0
                         else:
                             progress.update(st.step)
-                        if st.step % eval_every == 0 or st.step == self.total_steps:
+                        if do_eval:
+                            st.train_seconds += self._sync_losses()  # never evaluate weights after a NaN
                             self._evaluate_step(progress)
                             last_eval_step = st.step
-                        if st.step % save_every == 0 or st.step == self.total_steps or st.stopped_early:
+                        if do_save or st.stopped_early:
+                            st.train_seconds += self._sync_losses()  # never checkpoint weights after a NaN
                             self.save_checkpoint()
                             last_save_step = st.step
                         for cb in self.callbacks:
                             cb(self, st)
+                        if self.stop.agreed():
+                            raise KeyboardInterrupt
                     if i >= len(batches):
                         epoch += 1
                         st.epoch, st.batch_in_epoch = epoch, 0
+                self._sync_losses()
                 if st.step != last_eval_step:
                     self._evaluate_step(progress)
                 if st.step != last_save_step:
@@ -454,11 +601,14 @@ class Trainer:
         except KeyboardInterrupt:
             # Model weights are those of the last completed step; save them with the RNG state
             # from the start of the step that was cut short, so a resume replays it exactly.
-            ck = self.save_checkpoint(rng=rng_at_step_start) if st.step > 0 else None
+            self._sync_losses()
+            ck = self._interrupt_checkpoint(rng_at_step_start, last_save_step)
             raise Interrupted(ck) from None
         finally:
-            if old_handler is not None:
-                signal.signal(signal.SIGTERM, old_handler)
+            pool.shutdown(wait=True, cancel_futures=True)
+            tracking.finish(self.acc)
         sps = st.samples_seen / st.train_seconds if st.train_seconds > 0 else 0.0
-        return TrainResult(st, self.total_steps, str(self.acc.device), self.acc.mixed_precision, sps)
+        mem = device_info.memory(self.acc.device)
+        return TrainResult(st, self.total_steps, str(self.acc.device), self.acc.mixed_precision, sps,
+                           device_name=self.device_name, gpu_mem_peak_gb=mem["gpu_mem_peak_gb"] if mem else None)
 

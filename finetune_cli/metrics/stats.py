@@ -15,6 +15,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from finetune_cli.errors import DataError
+
 MIN_WILCOXON = 5
 
 
@@ -56,4 +58,16 @@ def paired_stats(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
         out["wilcoxon_pvalue"] = _finite(stats.wilcoxon(a_, b_).pvalue)
     else:
         out["note"] = f"Wilcoxon needs at least {MIN_WILCOXON} pairs"
+    return out
+
+
+def metric_values(d: Any, src: str) -> dict[str, float]:
+    """``{metric: number}`` read from a file, checked: one error line naming ``src`` otherwise."""
+    if not isinstance(d, dict):
+        raise DataError(f"{src} must map metric names to numbers, got {type(d).__name__}")
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise DataError(f"metric `{k}` in {src} is {v!r}, not a number")
+        out[str(k)] = float(v)
     return out

@@ -11,19 +11,23 @@ A saved model is a plain Hugging Face folder (``save_pretrained`` of the encoder
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
 from safetensors.torch import load_file, save_file
 
 from finetune_cli import rundir
-from finetune_cli.errors import ModelError
+from finetune_cli.errors import ModelError, RecipeError
 from finetune_cli.models.text_model import HeadSpec, TextModel
 
 HEAD_WEIGHTS = "finetune_head.safetensors"
 HEAD_SPEC = "finetune_model.json"
+POOLED_MODEL_TYPE = "finetune-pooled-classifier"
+BASE_TYPE_KEY = "finetune_base_model_type"
 
 
 def embedded_model_path() -> Path:
@@ -96,58 +100,222 @@ def _hub_error(name: str, err: Exception) -> ModelError:
                       f"(no network, or no such model?): {reason}")
 
 
+def _local_error(path: str, err: Exception) -> ModelError:
+    """A local model folder that does not load: name the damaged file when one is found."""
+    why = rundir.folder_problem(Path(path))
+    if why is None:
+        why = " ".join(str(err).split())[:200]
+    return ModelError(f"cannot load the model in {path}: {why}")
+
+
+def _is_local(path: str) -> bool:
+    return Path(path).is_dir()
+
+
+@contextlib.contextmanager
+def _load_errors(path: str) -> Iterator[None]:
+    """One-line errors for a failed load of ``path``: a damaged local folder (tokenizers, safetensors,
+    json and torch raise many types there) or a hub id that cannot be fetched; anything else propagates."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        if _is_local(path):
+            raise _local_error(path, e) from None
+        if isinstance(e, (OSError, ValueError)):
+            raise _hub_error(path, e) from None
+        raise
+
+
 def load_tokenizer(path: str, revision: Optional[str] = None):
     from transformers import AutoTokenizer
 
-    try:
+    _quiet_transformers()
+    with _load_errors(path):
         return AutoTokenizer.from_pretrained(path, revision=revision)
-    except (OSError, ValueError) as e:
-        raise _hub_error(path, e) from None
 
 
-def load_encoder(path: str, revision: Optional[str] = None):
-    from transformers import AutoModel
+def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
+    # Load reports ("classifier.weight MISSING" for a new head) and progress bars are noise here.
     hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def read_config_dict(path: str) -> dict:
+    """``config.json`` of a local folder as a dict ({} when there is none)."""
+    f = Path(path) / "config.json"
+    return json.loads(f.read_text()) if f.is_file() else {}
+
+
+def load_config(path: str, revision: Optional[str] = None):
+    """The transformers config of ``path``; for a pooled-classifier folder, the encoder's real
+    config (its ``model_type`` is hidden from transformers on purpose, see the module docstring)."""
+    from transformers import AutoConfig
+
+    d = read_config_dict(path)
+    if d.get("model_type") == POOLED_MODEL_TYPE:
+        d = {k: v for k, v in d.items() if k not in ("architectures", "transformers_version")}
+        return AutoConfig.for_model(d.pop(BASE_TYPE_KEY), **{k: v for k, v in d.items() if k != "model_type"})
     try:
-        return AutoModel.from_pretrained(path, revision=revision)
+        return AutoConfig.from_pretrained(path, revision=revision)
     except (OSError, ValueError) as e:
         raise _hub_error(path, e) from None
+
+
+def load_encoder(path: str, revision: Optional[str] = None, config=None):
+    from transformers import AutoModel
+
+    _quiet_transformers()
+    cfg = config if config is not None else load_config(path, revision)
+    kw = {"use_safetensors": True} if _is_local(path) and any(Path(path).glob("*.safetensors")) else {}
+    with _load_errors(path):
+        return AutoModel.from_pretrained(path, revision=revision, config=cfg, **kw)
+
+
+def load_sequence_classifier(path: str, config, revision: Optional[str] = None, new_head: bool = False):
+    from transformers import AutoModelForSequenceClassification
+
+    _quiet_transformers()
+    with _load_errors(path):
+        return AutoModelForSequenceClassification.from_pretrained(path, revision=revision, config=config,
+                                                                  ignore_mismatched_sizes=new_head)
+
+
+def is_sequence_classifier(config) -> bool:
+    return any(str(a).endswith("ForSequenceClassification") for a in (getattr(config, "architectures", None) or ()))
 
 
 def read_head_spec(path: str) -> Optional[HeadSpec]:
     f = Path(path) / HEAD_SPEC
     if not f.is_file():
         return None
-    data = json.loads(f.read_text())
-    return HeadSpec(**{k: v for k, v in data.items() if k in HeadSpec.__dataclass_fields__})
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON object expected, got {type(data).__name__}")
+        if "head" not in data and data.get("num_labels", 0) > 0:
+            data["head"] = "pooled"  # written before 0.2: the head was always model.pooling + linear
+        return HeadSpec(**{k: v for k, v in data.items() if k in HeadSpec.__dataclass_fields__})
+    except (OSError, ValueError, TypeError) as e:
+        raise ModelError(f"cannot load the model in {path}: {HEAD_SPEC} is damaged "
+                         f"({' '.join(str(e).split())[:120]})") from None
+
+
+def position_limit(encoder) -> Optional[int]:
+    """The longest input (in tokens, special ones included) the encoder's position embeddings
+    cover: ``max_position_embeddings``, less RoBERTa's padding offset."""
+    cfg = getattr(encoder, "config", None)
+    n = getattr(cfg, "max_position_embeddings", None)
+    if not isinstance(n, int) or n <= 0:
+        return None
+    if getattr(cfg, "model_type", "") in ("roberta", "xlm-roberta", "camembert", "longformer"):
+        n -= (getattr(cfg, "pad_token_id", 1) or 1) + 1
+    return n
+
+
+def check_max_length(model, max_length: int, key: str, where: str) -> None:
+    """Refuse a ``max_length`` longer than the model's position embeddings (the encoder would fail
+    with a tensor-size mismatch on the first long input)."""
+    limit = position_limit(getattr(model, "encoder", model))
+    if limit is not None and max_length > limit:
+        raise RecipeError(f"{key} {max_length} is above the position limit of the model {where} ({limit} tokens); "
+                          f"set {key} to {limit} or less")
+
+
+def has_classifier(path: str) -> bool:
+    """Whether a local folder is a classifier: finetune's spec says so, or (a folder someone else
+    trained) its config names a ``*ForSequenceClassification`` architecture."""
+    spec = read_head_spec(path)
+    if spec is not None:
+        return spec.num_labels > 0
+    archs = read_config_dict(path).get("architectures") or ()
+    return any(str(a).endswith("ForSequenceClassification") for a in archs)
+
+
+def is_legacy_folder(path: str) -> bool:
+    """A classifier saved by finetune before 0.2: an encoder folder that transformers would load
+    without its head."""
+    spec = read_head_spec(path)
+    return (spec is not None and spec.num_labels > 0 and spec.head == "pooled"
+            and read_config_dict(path).get("model_type") != POOLED_MODEL_TYPE)
+
+
+def spec_from_config(config) -> HeadSpec:
+    """The spec of a folder finetune did not write: a native classifier when transformers says so,
+    else a bare encoder (mean pooling)."""
+    if is_sequence_classifier(config):
+        n = int(config.num_labels)
+        pt = config.problem_type or ("regression" if n == 1 else "single_label_classification")
+        return HeadSpec(pooling="mean", num_labels=n, problem_type=pt, head="native")
+    return HeadSpec(pooling="mean", num_labels=0)
+
+
+def _build(path: str, rev: Optional[str], config, spec: HeadSpec, new_head: bool) -> TextModel:
+    if spec.num_labels > 0 and spec.head == "native":
+        if new_head:
+            config.num_labels = spec.num_labels
+            config.problem_type = spec.problem_type
+            config.classifier_dropout = spec.classifier_dropout
+        backbone = load_sequence_classifier(path, config, rev, new_head=new_head)
+        if spec.spectral_norm:
+            from finetune_cli.models.native import add_spectral_norm
+
+            add_spectral_norm(backbone)
+    else:
+        backbone = load_encoder(path, rev, config)
+    return TextModel(backbone, spec)
 
 
 def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Optional[str] = None):
     """Load encoder + tokenizer (+ saved heads). Returns ``(TextModel, tokenizer, resolved_path)``.
 
-    When ``spec`` is None the saved ``finetune_model.json`` decides (or a bare mean-pooling
-    encoder for a plain HF folder). When ``spec`` is given and its heads match the saved ones,
-    the saved head weights are loaded too; otherwise the heads start fresh.
+    When ``spec`` is None the folder decides: ``finetune_model.json`` when finetune wrote it, else
+    transformers' config (a ``*ForSequenceClassification`` is a native classifier, anything else a
+    mean-pooling encoder). When ``spec`` is given and its heads match the saved ones, the saved
+    head weights are loaded too; otherwise the heads start fresh.
     """
     path, is_local = resolve_model(name)
-    tokenizer = load_tokenizer(path, revision=None if is_local else revision)
-    encoder = load_encoder(path, revision=None if is_local else revision)
+    rev = None if is_local else revision
+    tokenizer = load_tokenizer(path, rev)
+    config = load_config(path, rev)
     saved = read_head_spec(path) if is_local else None
+    given = spec is not None
     if spec is None:
-        spec = saved or HeadSpec(pooling="mean", num_labels=0)
-    model = TextModel(encoder, spec)
+        spec = saved or spec_from_config(config)
+    same_head = saved is not None and (saved.num_labels, saved.spectral_norm, saved.head) == (
+        spec.num_labels, spec.spectral_norm, spec.head)
+    new_head = given and not (same_head or (saved is None and is_sequence_classifier(config)
+                                            and spec_from_config(config).num_labels == spec.num_labels))
+    model = _build(path, rev, config, spec, new_head=new_head and spec.num_labels > 0)
     hw = Path(path) / HEAD_WEIGHTS
     if saved is not None and hw.is_file():
-        state = load_file(str(hw))
+        try:
+            state = load_file(str(hw))
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type
+            raise _local_error(path, e) from None
+        keep = state if same_head else {k: v for k, v in state.items() if k.startswith("projection.")}
+        if model.hf is not None:
+            model.hf.load_state_dict({k[3:]: v for k, v in keep.items() if k.startswith("hf.")}, strict=False)
+            keep = {k: v for k, v in keep.items() if not k.startswith("hf.")}
         own = model.state_dict()
-        compatible = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-        if saved.num_labels == spec.num_labels and saved.spectral_norm == spec.spectral_norm:
-            model.load_state_dict(compatible, strict=False)
-        else:  # new task: keep a saved projection head, drop the classifier
-            model.load_state_dict({k: v for k, v in compatible.items() if k.startswith("projection.")}, strict=False)
+        model.load_state_dict({k: v for k, v in keep.items() if k in own and own[k].shape == v.shape}, strict=False)
     return model, tokenizer, path
+
+
+def load_embedding_model(name: str, revision: Optional[str] = None):
+    """``(TextModel, tokenizer, path, STConfig | None)`` for embedding: a sentence-transformers folder
+    (``modules.json``) is read the way ``SentenceTransformer`` reads it (its transformer folder,
+    pooling mode, ``Normalize``, ``max_seq_length``); anything else as :func:`load_text_model`."""
+    from finetune_cli.models.st_folder import read_st_config
+
+    path, is_local = resolve_model(name)
+    st = read_st_config(path) if is_local else None
+    if st is None:
+        model, tok, path = load_text_model(name, revision=revision)
+        return model, tok, path, None
+    model, tok, _ = load_text_model(st.transformer_path, HeadSpec(pooling=st.pooling, num_labels=0))
+    return model, tok, path, st
 
 
 def build_text_model(name: str, make_spec, revision: Optional[str] = None, dropout: Optional[float] = None,
@@ -158,15 +326,34 @@ def build_text_model(name: str, make_spec, revision: Optional[str] = None, dropo
     path, is_local = resolve_model(name)
     rev = None if is_local else revision
     tokenizer = load_tokenizer(path, rev)
-    encoder = load_encoder(path, rev)
+    config = load_config(path, rev)
+    enc_dropout = float(getattr(config, "hidden_dropout_prob", 0.1)) if dropout is None else dropout
+    spec = make_spec(enc_dropout)
+    native = spec.num_labels > 0 and spec.head == "native"
+    if native and before_heads is not None:
+        before_heads()  # the native head is initialised inside from_pretrained
+    model = _build(path, rev, config, spec, new_head=True)
     if dropout is not None:
         from finetune_cli.models.text_model import set_encoder_dropout
 
-        set_encoder_dropout(encoder, dropout)
-    spec = make_spec(float(getattr(encoder.config, "hidden_dropout_prob", 0.1)))
-    if before_heads is not None:
-        before_heads()
-    return TextModel(encoder, spec), tokenizer
+        set_encoder_dropout(model.encoder, dropout)
+    if not native:
+        if before_heads is not None:
+            before_heads()
+        model = TextModel(model.encoder, spec)  # heads initialised after seeding
+    return model, tokenizer
+
+
+def default_max_length(path: str, tokenizer) -> int:
+    """The sequence length a saved model was trained with (``finetune_model.json``'s ``max_length``),
+    else the tokenizer's limit, capped at 512."""
+    f = Path(path) / HEAD_SPEC
+    if f.is_file():
+        saved = json.loads(f.read_text()).get("max_length")
+        if saved:
+            return int(saved)
+    limit = getattr(tokenizer, "model_max_length", 512) or 512
+    return int(min(limit, 512))
 
 
 def write_sentence_transformers_config(out: Path, pooling: str, dim: int, max_length: Optional[int]) -> None:
@@ -188,28 +375,62 @@ def write_sentence_transformers_config(out: Path, pooling: str, dim: int, max_le
         {"max_seq_length": max_length or 512, "do_lower_case": False}, indent=2) + "\n")
 
 
+def _set_labels(config, id2label: Optional[dict[int, str]], spec: HeadSpec) -> None:
+    if id2label:
+        config.id2label = {int(i): str(lab) for i, lab in id2label.items()}
+        config.label2id = {str(lab): int(i) for i, lab in id2label.items()}
+    if spec.num_labels > 0:
+        config.num_labels = spec.num_labels
+        config.problem_type = spec.problem_type
+
+
+def _hide_from_transformers(out: Path) -> None:
+    """Make every transformers Auto class refuse a pooled-classifier folder (loudly) instead of
+    loading it with a random head: its ``model_type`` is one transformers does not know."""
+    f = out / "config.json"
+    d = json.loads(f.read_text())
+    d[BASE_TYPE_KEY] = d["model_type"]
+    d["model_type"] = POOLED_MODEL_TYPE
+    d["architectures"] = ["FinetunePooledClassifier"]
+    f.write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
+
+
 def save_text_model(model: TextModel, tokenizer, out_dir: str | Path,
                     id2label: Optional[dict[int, str]] = None, extra: Optional[dict] = None,
-                    max_length: Optional[int] = None) -> None:
-    """Write ``model`` as a Hugging Face folder plus the finetune head files. A model without a
-    classifier (an embedding model) also gets the sentence-transformers files."""
+                    max_length: Optional[int] = None, card: Optional[dict] = None) -> None:
+    """Write ``model`` as a folder of its kind (see the module docstring), with the tokenizer,
+    ``finetune_model.json`` and, when ``card`` is given, a model card (``README.md``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    enc = model.encoder
-    if id2label:
-        enc.config.id2label = {int(i): str(lab) for i, lab in id2label.items()}
-        enc.config.label2id = {str(lab): int(i) for i, lab in id2label.items()}
-        enc.config.num_labels = len(id2label)
-    enc.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    head_state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
-                  if not k.startswith("encoder.")}
-    if head_state:
-        save_file(head_state, str(out / HEAD_WEIGHTS))
-    spec = model.spec.to_dict()
-    if extra:
-        spec.update(extra)
-    (out / HEAD_SPEC).write_text(json.dumps(spec, indent=2) + "\n")
-    if model.classifier is None:
-        write_sentence_transformers_config(out, model.spec.pooling, enc.config.hidden_size, max_length)
+    _quiet_transformers()
+    spec = model.spec
+    head_state: dict = {}
+    if model.hf is not None:
+        from finetune_cli.models.native import folded_state_dict
 
+        _set_labels(model.hf.config, id2label, spec)
+        plain, sn = folded_state_dict(model.hf)
+        model.hf.save_pretrained(out, state_dict=plain)
+        head_state.update({f"hf.{k}": v for k, v in sn.items()})
+    else:
+        enc = model.encoder
+        _set_labels(enc.config, id2label, spec)
+        enc.save_pretrained(out)
+        if model.classifier is not None:
+            _hide_from_transformers(out)
+            head_state.update({f"classifier.{k}": v for k, v in model.classifier.state_dict().items()})
+    if model.projection is not None:
+        head_state.update({f"projection.{k}": v for k, v in model.projection.state_dict().items()})
+    tokenizer.save_pretrained(out)
+    if head_state:
+        save_file({k: v.detach().cpu().contiguous() for k, v in head_state.items()}, str(out / HEAD_WEIGHTS))
+    meta = spec.to_dict()
+    if extra:
+        meta.update(extra)
+    (out / HEAD_SPEC).write_text(json.dumps(meta, indent=2) + "\n")
+    if not model.has_classifier:
+        write_sentence_transformers_config(out, spec.pooling, model.encoder.config.hidden_size, max_length)
+    if card is not None:
+        from finetune_cli.models.card import write_model_card
+
+        write_model_card(out, model, card)

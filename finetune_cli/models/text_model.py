@@ -4,6 +4,16 @@
 classification logits (when a classifier head exists) and the projection (when a projection head
 exists). Objectives call the model themselves, so that R3F can add noise to the input embeddings
 and SimCSE can encode a doubled batch; see ``objectives/base.py``.
+
+Two kinds of classifier (``HeadSpec.head``):
+
+* ``native`` (default): the backbone is the architecture's own ``*ForSequenceClassification``
+  (BERT: pooler → dropout → linear; RoBERTa: dense → tanh → dropout → out_proj) and the logits are
+  its forward pass, so the saved folder is a plain transformers classifier. ``embeddings`` (what
+  SCL contrasts, what probes and t-SNE read) are still ``model.pooling`` over the last hidden
+  states, and ``features`` (what Core-tuning mixes) are the first-token states the head reads.
+* ``pooled``: ``model.pooling`` → dropout → linear on a bare encoder, a head transformers has no
+  class for (see ``models/loading.py`` for how such folders are kept from loading wrongly).
 """
 
 from __future__ import annotations
@@ -14,7 +24,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-POOLINGS = ("cls", "mean", "pooler")
+POOLINGS = ("cls", "mean", "pooler", "max", "mean_sqrt_len_tokens")
+HEADS = ("native", "pooled")
+PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
 
 
 def pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor, how: str,
@@ -29,6 +41,12 @@ def pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor, how: str,
     if how == "mean":
         m = attention_mask.unsqueeze(-1).to(last_hidden.dtype)
         return (last_hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    if how == "max":  # sentence-transformers' max pooling (padding excluded)
+        m = attention_mask.unsqueeze(-1).to(last_hidden.dtype)
+        return last_hidden.masked_fill(m == 0, float("-inf")).max(1).values
+    if how == "mean_sqrt_len_tokens":
+        m = attention_mask.unsqueeze(-1).to(last_hidden.dtype)
+        return (last_hidden * m).sum(1) / m.sum(1).clamp(min=1e-9).sqrt()
     if how == "pooler":
         if pooler_output is None:
             raise ValueError("pooling `pooler` needs an encoder with a pooler layer (this one has none)")
@@ -79,6 +97,7 @@ class ModelOutput:
     embeddings: torch.Tensor
     logits: Optional[torch.Tensor] = None
     projection: Optional[torch.Tensor] = None
+    features: Optional[torch.Tensor] = None  # the classifier's input (``TextModel.classify``)
 
 
 @dataclass(frozen=True)
@@ -91,24 +110,58 @@ class HeadSpec:
     spectral_norm: bool = False
     projection: bool = False
     problem_type: str = "single_label_classification"
+    head: str = "native"
+    threshold: float = 0.5  # multi-label: a label is predicted when its sigmoid >= threshold
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 class TextModel(nn.Module):
-    def __init__(self, encoder: nn.Module, spec: HeadSpec):
+    """Encoder + pooling + heads.
+
+    Args:
+        backbone: a bare encoder (``AutoModel``), or for ``spec.head == "native"`` with labels the
+            ``AutoModelForSequenceClassification`` model whose head is the classifier.
+        spec: what sits on top.
+    """
+
+    def __init__(self, backbone: nn.Module, spec: HeadSpec):
         super().__init__()
-        self.encoder = encoder
         self.spec = spec
-        hidden = encoder.config.hidden_size
+        self.native = spec.num_labels > 0 and spec.head == "native"
+        hidden = backbone.config.hidden_size
+        # Registered first under ``encoder.`` so that the trainer's parameter groups (encoder lr vs
+        # head lr) see the shared encoder parameters by that name; ``hf`` holds the same encoder
+        # plus the native head. (``named_parameters``/``parameters`` de-duplicate; the state dict
+        # of a TextModel is never saved as such: ``models/loading.py`` saves ``hf``.)
+        self.encoder = backbone.base_model if self.native else backbone
+        self.hf = backbone if self.native else None
         self.classifier = (ClassificationHead(hidden, spec.num_labels, spec.classifier_dropout, spec.spectral_norm)
-                           if spec.num_labels > 0 else None)
+                           if spec.num_labels > 0 and not self.native else None)
         self.projection = ProjectionHead(hidden) if spec.projection else None
 
     @property
-    def config(self):  # the encoder's HF config (id2label, label2id, ...)
-        return self.encoder.config
+    def config(self):  # the HF config (id2label, label2id, problem_type, ...)
+        return self.hf.config if self.hf is not None else self.encoder.config
+
+    @property
+    def num_labels(self) -> int:
+        return self.spec.num_labels
+
+    @property
+    def has_classifier(self) -> bool:
+        return self.spec.num_labels > 0
+
+    def classify(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits from classifier-input features (``ModelOutput.features``), e.g. mixed ones."""
+        if self.hf is not None:
+            from finetune_cli.models.native import head_from_first_token
+
+            return head_from_first_token(self.hf, features)
+        if self.classifier is None:
+            raise ValueError("this model has no classifier head")
+        return self.classifier(features)
 
     def forward(self, features: dict[str, torch.Tensor], noise: Optional[tuple] = None,
                 ) -> ModelOutput:
@@ -123,7 +176,7 @@ class TextModel(nn.Module):
         """
         kwargs = {k: v for k, v in features.items() if k in ("attention_mask", "token_type_ids")}
         if noise is None:
-            out = self.encoder(input_ids=features["input_ids"], **kwargs)
+            inputs = {"input_ids": features["input_ids"]}
         else:
             kind, eps, *rest = noise
             start = int(rest[0]) if rest else 0
@@ -136,9 +189,21 @@ class TextModel(nn.Module):
                 noisy = noisy + torch.empty_like(noisy).uniform_(-eps, eps)
             else:
                 noisy = noisy + torch.randn_like(noisy) * eps
-            out = self.encoder(inputs_embeds=torch.cat([emb[:start], noisy]) if start else noisy, **kwargs)
-        pooled = pool(out.last_hidden_state, features["attention_mask"], self.spec.pooling,
-                      getattr(out, "pooler_output", None))
-        logits = self.classifier(pooled) if self.classifier is not None else None
+            inputs = {"inputs_embeds": torch.cat([emb[:start], noisy]) if start else noisy}
+        if self.hf is not None:
+            # The transformers forward itself: the logits are what the saved folder computes.
+            out = self.hf(**inputs, **kwargs, output_hidden_states=True)
+            last = out.hidden_states[-1]
+            pooler = None
+            if self.spec.pooling == "pooler" and getattr(self.encoder, "pooler", None) is not None:
+                pooler = self.encoder.pooler(last)
+            pooled = pool(last, features["attention_mask"], self.spec.pooling, pooler)
+            logits, feats = out.logits, last[:, 0]
+        else:
+            out = self.encoder(**inputs, **kwargs)
+            pooled = pool(out.last_hidden_state, features["attention_mask"], self.spec.pooling,
+                          getattr(out, "pooler_output", None))
+            logits = self.classifier(pooled) if self.classifier is not None else None
+            feats = pooled
         proj = self.projection(pooled) if self.projection is not None else None
-        return ModelOutput(embeddings=pooled, logits=logits, projection=proj)
+        return ModelOutput(embeddings=pooled, logits=logits, projection=proj, features=feats)

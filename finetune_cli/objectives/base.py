@@ -14,6 +14,9 @@ The data contract is declared as class attributes, read by the pipelines and the
 
 * ``required_columns``: logical columns the data must provide (``text``, ``text_pair``, ``label``…)
 * ``label_type``: ``"class"``, ``"float"`` or ``None`` (unlabeled)
+* ``problem_types``: the ``model.problem_type`` values the objective trains (transformers'
+  ``single_label_classification``, ``regression``, ``multi_label_classification``); for the last
+  two the labels are float scores / multi-hot rows whatever ``label_type`` says
 * ``min_classes``: the fewest distinct labels the objective is defined for
 * ``needs_classifier`` / ``needs_projection`` / ``spectral_norm_head``: which heads the model needs
 * ``sampler``: name of the batch sampler in ``data.sampling.SAMPLERS``
@@ -36,6 +39,7 @@ class Objective(nn.Module):
     name: ClassVar[str] = ""
     required_columns: ClassVar[tuple[str, ...]] = ("text", "label")
     label_type: ClassVar[Optional[str]] = "class"
+    problem_types: ClassVar[tuple[str, ...]] = ("single_label_classification",)
     min_classes: ClassVar[int] = 2
     needs_classifier: ClassVar[bool] = True
     needs_projection: ClassVar[bool] = False

@@ -29,13 +29,17 @@ class CrossEntropy(Objective):
     Args:
         label_smoothing: ε in [0, 1). Default 0 (plain cross-entropy).
 
-    Inputs: ``text`` (and optional ``text_pair``) with a class ``label``.
+    Inputs: ``text`` (and optional ``text_pair``) with a class ``label``. With
+    ``model.problem_type: regression`` a float score and the MSE of the single output; with
+    ``multi_label_classification`` a set of labels and binary cross-entropy with logits per label
+    (transformers' losses for those problem types; ``label_smoothing`` applies to CE only).
 
     Relations: ``scl``, ``core_tuning``, ``r3f``/``r4f`` add a term to this loss; ``focal`` with
     γ=0 and no α equals it exactly.
     """
 
     parts = ("ce",)
+    problem_types = ("single_label_classification", "regression", "multi_label_classification")
 
     def __init__(self, label_smoothing: float = 0.0):
         super().__init__()
@@ -44,5 +48,16 @@ class CrossEntropy(Objective):
 
     def forward(self, model, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         out = model(batch["features"][0])
-        loss = cross_entropy(out.logits, batch["labels"], self.label_smoothing)
+        loss = task_loss(out.logits, batch["labels"], self.label_smoothing)
         return {"loss": loss, "ce": loss.detach()}
+
+
+def task_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """The loss transformers' ``*ForSequenceClassification`` computes for the problem type the labels
+    carry: class ids -> cross-entropy; float scores (N,) -> MSE of the single output
+    (``regression``); float multi-hot rows (N, C) -> BCE with logits (``multi_label_classification``)."""
+    if not labels.is_floating_point():
+        return cross_entropy(logits, labels, label_smoothing)
+    if labels.dim() == 1:
+        return F.mse_loss(logits.float().view(-1), labels.float())
+    return F.binary_cross_entropy_with_logits(logits.float(), labels.float())

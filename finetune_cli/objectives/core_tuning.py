@@ -137,8 +137,10 @@ class CoreTuning(Objective):
     normalisation, ``p_ij`` the softmax of ``g_i·g_j/τ`` over k ≠ i. Mining, mixing and the
     contrastive term see the batch gathered across processes (with gradients).
 
-    Port from vision: features are the pooled encoder output (ResNet-50's pooled 2048-d vector in
-    the paper); the contrastive head is the model's projection head (Linear→tanh, hidden size)
+    Port from vision: features are the classifier's input (ResNet-50's pooled 2048-d vector in
+    the paper): with the native head (``model.head: native``) the first-token state, which the
+    whole head (BERT's pooler or RoBERTa's dense+tanh, then the linear map) classifies; with
+    ``model.head: pooled`` the ``model.pooling`` embedding. The contrastive head is the model's projection head (Linear→tanh, hidden size)
     where the reference uses Linear→ReLU→Linear(256); the classifier keeps its bias.
 
     Paper: Zhang, Hooi, Hu, Liang, Feng, "Unleashing the Power of Contrastive Self-Supervised
@@ -198,8 +200,10 @@ class CoreTuning(Objective):
         out = model(batch["features"][0])
         heads = getattr(model, "module", model)  # the TextModel under a DDP wrapper
         labels = batch["labels"]
-        num_labels = heads.classifier.out_proj.out_features
-        f_local = out.embeddings
+        num_labels = heads.num_labels
+        # The classifier's input features: the pooled embedding for a pooled head, the first-token
+        # state for a native one (its head, pooler/dense included, runs on the mixtures).
+        f_local = out.features
         y_local = F.one_hot(labels, num_labels).float()
         # Mine over the global batch: this process mixes for its own anchors, whose rows sit at
         # `offset` in the gathered batch.
@@ -211,7 +215,7 @@ class CoreTuning(Objective):
         f_mix, y_mix = hardness_directed_mixup(f_all, y_all, labels_all, anchors, self.alpha, self.neg_min_weight)
         feats = torch.cat([f_local, f_mix])
         y = torch.cat([y_local, y_mix])
-        ce = soft_cross_entropy(heads.classifier(feats), y)
+        ce = soft_cross_entropy(heads.classify(feats), y)
         g = F.normalize(heads.projection(feats).float(), dim=-1)
         ids = contrast_labels(gather_no_grad(y), self.mixed_positives)
         con = focal_contrastive_loss(gather_with_grad(g), ids, self.tau, self.gamma)

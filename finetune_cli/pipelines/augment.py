@@ -39,7 +39,7 @@ from finetune_cli.augment.io import (
 )
 from finetune_cli.data.sources import resolve_path
 from finetune_cli.errors import DataError, RunDirError
-from finetune_cli.fsutil import atomic_write_json, atomic_write_text, clean_stale_temps
+from finetune_cli.fsutil import atomic_write_json, atomic_write_text, check_output_file, clean_stale_temps
 
 MANIFEST = "manifest.json"
 
@@ -113,8 +113,7 @@ def run_augment(cfg: AugmentConfig, ui, overwrite: bool = False) -> AugmentResul
     in_path = resolve_path(cfg.input)
     if out.resolve() == in_path.resolve():
         raise AugmentOptionError(f"--output {cfg.output} is the input file; choose another path")
-    if out.is_dir():
-        raise AugmentOptionError(f"--output {cfg.output} is a directory; give a file path")
+    check_output_file(out, "--output")
     parts = parts_dir(out)
     n = len(data)
     n_chunks = (n + cfg.chunk_size - 1) // cfg.chunk_size

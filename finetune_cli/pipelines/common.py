@@ -9,17 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
-
 from finetune_cli.data import EncodedData, TaskData, encode_table, load_task_data
-from finetune_cli.engine.inference import forward_all
-from finetune_cli.errors import DataError
-from finetune_cli.metrics import classification_metrics
+from finetune_cli.engine.evaluation import make_classifier_eval, make_similarity_eval
 from finetune_cli.models.text_model import HeadSpec
 from finetune_cli.objectives import registry
 from finetune_cli.recipe import Recipe
-
-TEXT_COLUMNS = ("text", "text_pair")
 
 
 def objective_class(recipe: Recipe):
@@ -35,15 +29,22 @@ def text_columns(cls) -> tuple[str, ...]:
     return tuple(cols)
 
 
+def label_type(recipe: Recipe, cls) -> Optional[str]:
+    """How labels are read: the objective's label type, or the problem type's (regression,
+    multi-label) for a classifier."""
+    return registry.label_type(cls, registry.resolve_problem_type(recipe, cls))
+
+
 def head_spec(recipe: Recipe, cls, num_labels: int, encoder_dropout: float) -> HeadSpec:
     dropout = recipe.model.classifier_dropout
+    problem = registry.resolve_problem_type(recipe, cls) or "single_label_classification"
     return HeadSpec(
         pooling=recipe.model.pooling,
-        num_labels=num_labels if cls.needs_classifier else 0,
+        num_labels=(1 if problem == "regression" else num_labels) if cls.needs_classifier else 0,
         classifier_dropout=encoder_dropout if dropout is None else dropout,
         spectral_norm=cls.spectral_norm_head,
         projection=cls.needs_projection if recipe.model.projection is None else recipe.model.projection,
-        problem_type="regression" if cls.label_type == "float" else "single_label_classification",
+        problem_type=problem, head=recipe.model.head, threshold=recipe.model.threshold,
     )
 
 
@@ -65,35 +66,15 @@ def load_data(recipe: Recipe, cls, data_dir: Optional[Path], need_train: bool = 
         if train is not None and cfg.max_train_samples:
             train = subsample(train, cfg.max_train_samples, cfg.seed if cfg.seed is not None else recipe.train.seed)
         return TaskData(train, None, None, None)
-    return load_task_data(cfg, seed=recipe.train.seed, label_type=cls.label_type,
+    lt = label_type(recipe, cls)
+    return load_task_data(cfg, seed=recipe.train.seed, label_type=lt,
                           required_columns=required, data_dir=data_dir,
                           need_train=need_train, need_eval=need_eval, min_classes=cls.min_classes if
-                          cls.label_type == "class" else 1)
+                          lt == "class" else 1)
 
 
 def encode(recipe: Recipe, cls, table, tokenizer) -> EncodedData:
     return encode_table(table, tokenizer, recipe.model.max_length, text_columns(cls), joint=cls.encoding == "joint")
-
-
-def evaluate_logits(label_type: Optional[str], logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    if label_type == "class":
-        return classification_metrics(labels, logits.argmax(-1))
-    if label_type == "float":
-        from scipy.stats import pearsonr, spearmanr
-
-        pred = logits.reshape(len(logits), -1)[:, 0]
-        return {"pearson": float(pearsonr(pred, labels)[0]), "spearman": float(spearmanr(pred, labels)[0])}
-    raise DataError("evaluation needs labelled data")
-
-
-def make_classifier_eval(data: EncodedData, label_type: Optional[str], batch_size: int, pad_id: int):
-    """``evaluate(model)`` for objectives with a classifier head."""
-
-    def evaluate(model) -> dict[str, float]:
-        logits = forward_all(model, data, batch_size, pad_id)["logits"]
-        return evaluate_logits(label_type, logits, data.labels)
-
-    return evaluate
 
 
 def load_similarity_data(recipe: Recipe, data_dir: Optional[Path]):
@@ -109,25 +90,11 @@ def load_similarity_data(recipe: Recipe, data_dir: Optional[Path]):
                           need_train=False, need_eval=True).eval
 
 
-def make_similarity_eval(table, tokenizer, max_length: int, batch_size: int, pad_id: int):
-    """``evaluate(model)``: Spearman/Pearson of embedding cosines against the gold scores."""
-    from finetune_cli.metrics.similarity import correlations, cosine_scores
-
-    enc = encode_table(table, tokenizer, max_length, TEXT_COLUMNS, joint=False)
-
-    def evaluate(model) -> dict[str, float]:
-        a = forward_all(model, enc, batch_size, pad_id, view=0, want=("embeddings",))["embeddings"]
-        b = forward_all(model, enc, batch_size, pad_id, view=1, want=("embeddings",))["embeddings"]
-        return correlations(cosine_scores(a, b), enc.labels)
-
-    return evaluate
-
-
 def _classifier_evaluator(recipe: Recipe, cls, data: TaskData, tokenizer, pad_id: int, data_dir):
     if data.eval is None or not cls.needs_classifier or cls.label_type is None:
         return None
-    return make_classifier_eval(encode(recipe, cls, data.eval, tokenizer), cls.label_type,
-                                recipe.train.eval_batch_size, pad_id)
+    return make_classifier_eval(encode(recipe, cls, data.eval, tokenizer), label_type(recipe, cls),
+                                recipe.train.eval_batch_size, pad_id, recipe.model.threshold)
 
 
 def _similarity_evaluator(recipe: Recipe, cls, data: TaskData, tokenizer, pad_id: int, data_dir):
@@ -154,3 +121,18 @@ EVALUATORS: dict[str, Evaluator] = {
     "similarity": Evaluator(_similarity_evaluator, own_data=True),
 }
 
+
+
+def model_card_info(recipe: Recipe, cls, data: TaskData, state) -> dict[str, Any]:
+    """What a saved folder's model card says about the run (``models/card.py`` renders it)."""
+    params = {k: p.default for k, p in registry.hyperparameters(cls).items()}
+    params.update(recipe.objective.params)
+    doc = " ".join((cls.__doc__ or "").split("Paper:")[1].split("\n\n")[0].split()) if "Paper:" in (cls.__doc__ or "") else None
+    return {"recipe": recipe.to_dict(), "objective": recipe.objective.name, "params": params,
+            "summary": (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "", "paper": doc,
+            "train_examples": len(data.train) if data.train is not None else 0,
+            "eval_examples": len(data.eval) if data.eval is not None else 0, "labels": data.label_names,
+            "step": state.step if state is not None else 0,
+            "eval": dict(state.last_eval) if state is not None else {},
+            "metric": recipe.train.metric, "best_metric": getattr(state, "best_metric", None),
+            "best_step": getattr(state, "best_step", None)}

@@ -12,10 +12,12 @@ from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine.device import resolve_device
 from finetune_cli.engine.inference import forward_all
 from finetune_cli.errors import DataError, ModelError
+from finetune_cli.fsutil import check_writable_dir
 from finetune_cli.metrics.calibration import DEFAULT_BINS
-from finetune_cli.models.loading import load_text_model
+from finetune_cli.metrics.tasks import LABEL_TYPES, task_metrics
+from finetune_cli.models.loading import check_max_length, load_text_model
 from finetune_cli.objectives.registry import validate_recipe
-from finetune_cli.pipelines.common import encode, evaluate_logits, load_data, objective_class
+from finetune_cli.pipelines.common import encode, load_data, objective_class
 from finetune_cli.pipelines.recipes import load_recipe
 from finetune_cli.recipe import Recipe, apply_overrides, build_recipe, to_plain
 
@@ -61,29 +63,41 @@ def run_eval(model_name: str, recipe: Recipe, ui, *, device: str = "auto", data_
     """``name``: the result file's stem in the output folder (``eval.json``; the CLI names evaluations
     of other data than the run's own ``eval-<recipe>.json`` so ``report`` keeps reading the run's)."""
     cls = objective_class(recipe)
+    out_dir = eval_output_dir(model_name, out)
+    if out_dir is not None:
+        check_writable_dir(out_dir, "--out folder" if out is not None else "run directory")
     model, tokenizer, path = load_text_model(model_name)
-    if model.classifier is None:
-        raise ModelError(f"model {path} has no classification head; `finetune eval` of classification needs one")
+    check_max_length(model, recipe.model.max_length, "model.max_length", path)
+    if not model.has_classifier:
+        raise ModelError(f"model {path} has no classification head (an embedding model); `finetune eval` needs a "
+                         f"classifier — use `finetune embed`, or train one")
+    # The model says what it predicts (a folder someone else trained included): its problem type
+    # and its id2label decide how the evaluation labels are read.
+    spec = model.spec
+    lt = LABEL_TYPES.get(spec.problem_type, "class")
     id2label = getattr(model.config, "id2label", None) or {}
-    names = [id2label[i] for i in sorted(id2label)] if cls.label_type == "class" else None
-    cfg = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, label_names=names))
+    names = [id2label[i] for i in sorted(id2label)] if lt in ("class", "multi") else None
+    cfg = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, label_names=names),
+                              model=dataclasses.replace(recipe.model, problem_type=spec.problem_type))
     data = load_data(cfg, cls, data_dir_from_env(data_dir), need_train=False, need_eval=True)
     assert data.eval is not None
+    for note in data.notes:
+        ui.warn(note)
     enc = encode(recipe, cls, data.eval, tokenizer)
     dev = resolve_device(device)
     model.to(dev)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    want = ("logits", "embeddings") if cls.label_type == "class" else ("logits",)
+    want = ("logits", "embeddings") if lt == "class" else ("logits",)
     with ui.progress(len(enc), "eval", transient=True) as prog:
         outs = forward_all(model, enc, batch_size or recipe.train.eval_batch_size, pad, dev, want=want, progress=prog)
     logits = outs["logits"]
-    metrics = evaluate_logits(cls.label_type, logits, enc.labels)
+    metrics = task_metrics(lt, logits, enc.labels, spec.threshold)
     res = EvalResult(model=path, data=data.eval.source, examples=len(enc), metrics=metrics)
-    if cls.label_type == "class":
+    if lt == "class":
         from finetune_cli.pipelines.eval_details import classification_details
 
         classification_details(res, logits, outs["embeddings"], enc.labels, names or [], ui, bins=bins,
-                               figures=figures, out_dir=eval_output_dir(model_name, out), tsne_max=tsne_max,
+                               figures=figures, out_dir=out_dir, tsne_max=tsne_max,
                                seed=recipe.train.seed, name=name)
     return res
 

@@ -33,7 +33,7 @@ from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine.device import resolve_device
 from finetune_cli.engine.inference import file_features
 from finetune_cli.errors import RunDirError
-from finetune_cli.fsutil import atomic_write_json, atomic_write_text
+from finetune_cli.fsutil import atomic_write_json, atomic_write_text, check_writable_dir
 from finetune_cli.metrics.probe import linear_probe_accuracy, probe_summary
 from finetune_cli.models.loading import load_text_model
 from finetune_cli.models.text_model import HeadSpec
@@ -145,7 +145,7 @@ def _check_out_dir(r: ProbeRecipe, out: Path, overwrite: bool) -> None:
         if not overwrite:
             raise RunDirError(f"output directory {out} holds a different probe run; pass --overwrite or set output.name")
         shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_writable_dir(out, "output folder")
     atomic_write_text(stored, text)
 
 

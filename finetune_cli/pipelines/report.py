@@ -17,7 +17,6 @@ The statistics are in ``metrics.stats``; the rendering in ``cli.report_render``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,7 +25,8 @@ from typing import Any, Optional
 
 from finetune_cli import rundir
 from finetune_cli.errors import DataError, RunDirError
-from finetune_cli.metrics.stats import mean_std, paired_stats
+from finetune_cli.fsutil import check_output_file
+from finetune_cli.metrics.stats import mean_std, metric_values, paired_stats
 
 METRIC_ORDER = ("accuracy", "f1_macro", "mcc", "ece", "mce", "nll", "pearson", "spearman")
 
@@ -84,13 +84,7 @@ class Report:
 
 # ---- reading runs ------------------------------------------------------------------------------
 
-def _read_json(p: Path) -> Optional[dict[str, Any]]:
-    if not p.is_file():
-        return None
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError:
-        raise DataError(f"{p} is not valid JSON") from None
+_read_json = rundir.read_json_object
 
 
 def load_run(run_dir: Path) -> RunRecord:
@@ -108,15 +102,22 @@ def load_run(run_dir: Path) -> RunRecord:
     data = recipe.get("data") or {}
     labels = summary.get("labels") or []
     if ev is not None:
-        metrics = {k: float(v) for k, v in (ev.get("metrics") or {}).items()}
+        ev_src = run_dir / "eval.json"
+        metrics = metric_values(ev.get("metrics") or {}, f"`metrics` of {ev_src}")
         cal = ev.get("calibration") or {}
-        metrics.update({k: float(cal[k]) for k in ("ece", "mce", "nll") if cal.get(k) is not None})
+        if not isinstance(cal, dict):
+            raise DataError(f"`calibration` of {ev_src} must be an object, got {type(cal).__name__}")
+        metrics.update(metric_values({k: cal[k] for k in ("ece", "mce", "nll") if cal.get(k) is not None},
+                                     f"`calibration` of {ev_src}"))
         source, task_data, labels = "eval.json", str(ev.get("data")), ev.get("labels") or labels
     else:
         if best is not None:
-            metrics, source = {k: float(v) for k, v in best.items() if k != "step"}, "best/eval_metrics.json"
+            metrics = metric_values({k: v for k, v in best.items() if k != "step"},
+                                    str(run_dir / rundir.BEST / "eval_metrics.json"))
+            source = "best/eval_metrics.json"
         else:
-            metrics, source = {k: float(v) for k, v in (summary.get("final_eval") or {}).items()}, "summary.json"
+            metrics = metric_values(summary.get("final_eval") or {}, f"`final_eval` of {run_dir / rundir.SUMMARY}")
+            source = "summary.json"
         task_data = str(data.get("eval") or f"{data.get('dataset')}[{data.get('eval_split', 'validation')}]")
     if not metrics:
         raise DataError(f"run {run_dir} has no evaluation metrics (trained without evaluation data); "
@@ -124,6 +125,8 @@ def load_run(run_dir: Path) -> RunRecord:
     seed = summary.get("seed", (recipe.get("train") or {}).get("seed"))
     if seed is None:
         seed = rundir.seed_of(run_dir)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise DataError(f"the seed of run {run_dir} is {seed!r}, not an integer (summary.json `seed`)")
     name = run_dir.parent.name if rundir.seed_of(run_dir) is not None else run_dir.name
     task = task_data + (f" (labels: {', '.join(map(str, labels))})" if labels else "")
     objective = (recipe.get("objective") or {}).get("name", "?")
@@ -170,6 +173,8 @@ def build_report(paths: Sequence[str], compare: Sequence[str] = (), plot: Option
     """Read the runs, check they are comparable, and compute the statistics (and the plot)."""
     if not paths:
         raise DataError("no run directories given")
+    if plot is not None:
+        check_output_file(plot, "--plot")
     runs = [load_run(p) for p in rundir.expand_run_dirs(paths)]
     first = runs[0]
     for r in runs[1:]:

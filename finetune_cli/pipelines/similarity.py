@@ -19,7 +19,12 @@ from finetune_cli.metrics.similarity import (
     positive_threshold,
     uniformity,
 )
-from finetune_cli.models.loading import load_text_model, read_head_spec, resolve_model
+from finetune_cli.models.loading import (
+    check_max_length,
+    has_classifier,
+    load_text_model,
+    resolve_model,
+)
 from finetune_cli.pipelines.common import load_similarity_data, objective_class
 from finetune_cli.pipelines.evaluate import EvalResult
 from finetune_cli.recipe import Recipe
@@ -33,8 +38,7 @@ def wants_similarity(model_name: str, recipe: Recipe) -> bool:
     path, is_local = resolve_model(model_name)
     if not is_local:
         return False
-    spec = read_head_spec(path)
-    return spec is None or spec.num_labels == 0
+    return not has_classifier(path)
 
 
 def similarity_metrics(a: np.ndarray, b: np.ndarray, gold: np.ndarray, texts_a: list[str],
@@ -60,6 +64,7 @@ def run_eval_similarity(model_name: str, recipe: Recipe, ui, *, device: str = "a
     if table is None:
         raise DataError("no similarity data: set data.eval=FILE (text, text_pair and a gold score label)")
     model, tokenizer, path = load_text_model(model_name)
+    check_max_length(model, recipe.model.max_length, "model.max_length", path)
     enc = encode_table(table, tokenizer, recipe.model.max_length, ("text", "text_pair"), joint=False)
     dev = resolve_device(device)
     model.to(dev)

@@ -1,7 +1,8 @@
 """``finetune train``: recipe -> data -> model -> the engine -> a run directory.
 
 Run directory layout: ``recipe.yaml`` (resolved), ``metrics.jsonl``, ``checkpoint-<step>/``,
-``best/`` (best evaluation), ``final/`` (end of training), ``summary.json``.
+``best/`` (best evaluation), ``final/`` (end of training), ``figures/curves.png`` (loss parts and
+evaluation metrics against the step), ``tracking/`` (with ``train.report_to``), ``summary.json``.
 
 Re-running the same recipe into the same directory resumes from its newest checkpoint (or does
 nothing if the run is complete); a different recipe there is refused unless ``overwrite``.
@@ -18,11 +19,21 @@ from typing import Any, Optional
 from finetune_cli import rundir
 from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine import Interrupted, Trainer
+from finetune_cli.engine.checkpoint_io import states_problem
+from finetune_cli.engine.distributed import Processes, init_distributed
 from finetune_cli.errors import RunDirError
-from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text
-from finetune_cli.models.loading import build_text_model, load_text_model, save_text_model
+from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
+from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
 from finetune_cli.objectives import registry
-from finetune_cli.pipelines.common import EVALUATORS, encode, head_spec, load_data, objective_class
+from finetune_cli.pipelines.common import (
+    EVALUATORS,
+    encode,
+    head_spec,
+    label_type,
+    load_data,
+    model_card_info,
+    objective_class,
+)
 from finetune_cli.recipe import Recipe
 
 
@@ -37,10 +48,27 @@ class TrainOutcome:
 def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[str] = None,
               resume: Optional[str] = None, overwrite: bool = False,
               callbacks: Sequence[Callable] = ()) -> TrainOutcome:
+    """Train into ``recipe.run_dir``, holding its lock (the main process, for the whole run)."""
     recipe = registry.validate_recipe(recipe)
+    procs = init_distributed(device)
+    lock = procs.on_main(lambda: rundir.RunLock(recipe.run_dir).acquire())
+    if lock is not None and lock.took_over:
+        ui.log(f"taking over {lock.path}: its holder ({lock.took_over}) is no longer running")
+    try:
+        return _train_locked(recipe, ui, procs, device=device, data_dir=data_dir, resume=resume,
+                             overwrite=overwrite, callbacks=callbacks)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_locked(recipe: Recipe, ui, procs: Processes, *, device: str, data_dir: Optional[str],
+                  resume: Optional[str], overwrite: bool, callbacks: Sequence[Callable]) -> TrainOutcome:
     cls = objective_class(recipe)
     run_dir = recipe.run_dir
-    rundir.check_run_dir(run_dir, recipe, overwrite, normalise=registry.validate_recipe)
+    check_writable_dir(run_dir, "output folder")
+    # The main process checks (and with --overwrite clears) the directory; the others wait for it.
+    procs.on_main(lambda: rundir.check_run_dir(run_dir, recipe, overwrite, normalise=registry.validate_recipe))
     summary = rundir.read_summary(run_dir)
     if summary is not None and resume is None:
         ui.log(f"run {run_dir} is already complete (summary.json); pass --overwrite to train again")
@@ -48,6 +76,8 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
 
     data = load_data(recipe, cls, data_dir_from_env(data_dir), need_train=True)
     assert data.train is not None
+    for note in data.notes:
+        ui.warn(note)
     # After the data loaded: a data error is one line, not the recipe echo and then the error.
     ui.rule(f"finetune train · {recipe.objective.name} · {run_dir}")
     ui.log(recipe.to_yaml().rstrip())
@@ -57,15 +87,16 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
     ck: Optional[Path] = None
     if resume:
         ck = Path(resume)
-        if not rundir.is_complete_checkpoint(ck):
-            raise RunDirError(f"--resume {resume}: not a complete checkpoint directory "
-                              f"(needs {rundir.STATE_FILE} and {rundir.CHECKPOINT_MODEL}/)")
+        why = rundir.checkpoint_problem(ck, states_problem) if ck.is_dir() else "not a directory"
+        if why is not None:
+            raise RunDirError(f"--resume {resume}: not a usable checkpoint ({why})")
     else:
-        ck = rundir.latest_checkpoint(run_dir)
+        ck = rundir.intact_checkpoint(run_dir, ui.warn, verify=states_problem)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe_yaml = recipe.to_yaml()
-    atomic_write_text(run_dir / rundir.RECIPE, recipe_yaml)
+    if procs.is_main:
+        atomic_write_text(run_dir / rundir.RECIPE, recipe_yaml)
 
     # The model: from the checkpoint when resuming, else from model.name with fresh heads (seeded,
     # so that a seed fully determines a run).
@@ -79,6 +110,7 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
             recipe.model.name, lambda enc_dropout: head_spec(recipe, cls, data.num_labels, enc_dropout),
             revision=recipe.model.revision, dropout=recipe.model.dropout,
             before_heads=lambda: seed_everything(recipe.train.seed))
+    check_max_length(model, recipe.model.max_length, "model.max_length", recipe.model.name)
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     t0 = time.perf_counter()
@@ -88,10 +120,15 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
 
     objective = registry.build(recipe.objective.name, recipe.objective.params)
     id2label = data.id2label or None
-    meta = {"objective": recipe.objective.name, "label_type": cls.label_type}
+    meta = {"objective": recipe.objective.name, "label_type": label_type(recipe, cls),
+            "max_length": recipe.model.max_length}
+    trainer: Optional[Trainer] = None
 
     def save_model(m, out: Path) -> None:
-        save_text_model(m, tokenizer, out, id2label=id2label, extra=meta, max_length=recipe.model.max_length)
+        st = trainer.state if trainer is not None else None
+        card = model_card_info(recipe, cls, data, st)
+        save_text_model(m, tokenizer, out, id2label=id2label, extra=meta, max_length=recipe.model.max_length,
+                        card=card)
 
     sampler = cls.sampler
     if not recipe.data.group_by_length:
@@ -123,6 +160,8 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
         "samples_per_second": round(result.samples_per_second, 2),
         "train_seconds": round(st.train_seconds, 2),
         "device": result.device,
+        "device_name": result.device_name,
+        "gpu_mem_peak_gb": result.gpu_mem_peak_gb,
         "precision": result.precision,
         "metric": recipe.train.metric if eval_fn else None,
         "best_metric": st.best_metric,
@@ -133,5 +172,22 @@ def run_train(recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[st
         "seed": recipe.train.seed,
     }
     if trainer.is_main:
+        write_curves(run_dir, ui)
         atomic_write_json(run_dir / rundir.SUMMARY, summary)
+    procs.barrier()  # no rank reports success before final/ and summary.json exist
     return TrainOutcome(run_dir, summary, resumed_from=ck)
+
+
+def write_curves(run_dir: Path, ui) -> Optional[Path]:
+    """``figures/curves.png`` from the run's ``metrics.jsonl`` (skipped without matplotlib)."""
+    from finetune_cli.viz._mpl import available
+
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    if not available():
+        ui.warn("figures/curves.png skipped: matplotlib is not installed (pip install 'finetune-cli[plots]')")
+        return None
+    from finetune_cli.viz.curves import curve_series, plot_curves, read_metrics
+
+    return plot_curves(curve_series(read_metrics(metrics)), run_dir / "figures" / "curves.png", title=str(run_dir))

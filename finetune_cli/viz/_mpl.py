@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from finetune_cli.errors import FinetuneError
+from finetune_cli.fsutil import atomic_file
 
 
 def available() -> bool:
@@ -27,10 +28,12 @@ def pyplot():
 
 
 def save(fig, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
     import matplotlib.pyplot as plt
 
-    plt.close(fig)
+    path = Path(path)
+    try:
+        with atomic_file(path) as tmp:  # a failed write leaves no half PNG
+            fig.savefig(tmp, dpi=120, bbox_inches="tight", format=path.suffix.lstrip(".") or "png")
+    finally:
+        plt.close(fig)
     return path

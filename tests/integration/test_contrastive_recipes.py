@@ -29,4 +29,7 @@ def test_recipe_trains_embedded_model_and_logs_parts(tmp_path, recipe, parts):
         for p in parts:
             assert p in x and x[p] == x[p] and x[p] > 0  # present, not NaN, positive
     assert any("eval/accuracy" in x for x in lines)
-    assert (tmp_path / recipe / "final" / "finetune_head.safetensors").is_file()
+    final = tmp_path / recipe / "final"
+    # a native transformers classifier; only Core-tuning's projection head lives beside it
+    assert json.loads((final / "config.json").read_text())["architectures"] == ["BertForSequenceClassification"]
+    assert (final / "finetune_head.safetensors").is_file() == (recipe == "core_tuning")

@@ -117,7 +117,7 @@ def test_a_crafted_pickle_in_a_run_directory_never_runs_on_resume(tmp_path, monk
     marker = tmp_path / "marker"
     (root / "runs/old/checkpoint-4" / f"{name}.pt").write_bytes(pickle.dumps(_Exploit(marker)))
     with pytest.raises(CorruptCheckpointError, match=f"{name}.pt"):
-        run_train(load_recipe(None, [*OVERRIDES, "output.name=old"]), UI(quiet=True), device="cpu")
+        run_train(load_recipe(None, [*OVERRIDES, "model.head=pooled", "output.name=old"]), UI(quiet=True), device="cpu")
     assert not marker.exists()
 
 

@@ -195,3 +195,64 @@ def test_encode_and_collate(tiny_model_dir, quickstart_data):
     assert batch["labels"].tolist() == [d.train.columns["label"][i] for i in (0, 5, 9)]
     sep = encode_table(d.train, tok, 24, ("text", "text_pair"), joint=False)
     assert len(sep.views) == 2
+
+
+def _collate_per_row(data, indices, pad_id):
+    """The former row-by-row ``collate``: the reference the vectorised one must equal."""
+    import torch
+
+    def pad(rows, value):
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), value, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+            mask[i, : len(r)] = 1
+        return ids, mask
+
+    feats = []
+    for v in data.views:
+        ids, mask = pad([v["input_ids"][i] for i in indices], pad_id)
+        f = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in v:
+            f["token_type_ids"] = pad([v["token_type_ids"][i] for i in indices], 0)[0]
+        feats.append(f)
+    return feats
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_vectorised_collate_equals_per_row_padding(seed):
+    import torch
+
+    from finetune_cli.data.encode import EncodedData
+
+    rng = np.random.default_rng(seed)
+    n = 200
+    views = []
+    for _ in range(2):  # two views of different lengths per example
+        ids = [rng.integers(1, 30000, rng.integers(1, 65)).tolist() for _ in range(n)]
+        views.append({"input_ids": ids, "token_type_ids": [rng.integers(0, 2, len(r)).tolist() for r in ids]})
+    lengths = np.max([[len(r) for r in v["input_ids"]] for v in views], axis=0)
+    data = EncodedData(views, rng.integers(0, 3, n), lengths)
+    for size in (1, 7, 32):
+        idx = rng.choice(n, size, replace=False).tolist()
+        got, want = collate(data, idx, pad_id=7), _collate_per_row(data, idx, 7)
+        for g, w in zip(got["features"], want, strict=True):
+            assert g.keys() == w.keys()
+            for k in w:
+                assert g[k].dtype == w[k].dtype and torch.equal(g[k], w[k]), k
+        assert got["labels"].tolist() == data.labels[idx].tolist()
+        assert got["index"].tolist() == idx
+
+
+def test_collate_rounds_widths_to_buckets():
+    from finetune_cli.data.encode import EncodedData, padded_width
+
+    assert [padded_width(w, 16) for w in (1, 16, 17, 33)] == [16, 16, 32, 48]
+    assert padded_width(40, 16, cap=41) == 41 and padded_width(50, 16, cap=41) == 50
+    rows = [[5] * 3, [6] * 18]
+    data = EncodedData([{"input_ids": rows}], None, np.array([3, 18]))
+    f = collate(data, [0, 1], 0, pad_to_multiple=16)["features"][0]
+    assert f["input_ids"].shape == (2, 32)
+    assert f["attention_mask"].sum(1).tolist() == [3, 18]
+    assert (f["input_ids"][0, 3:] == 0).all()

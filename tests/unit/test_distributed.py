@@ -63,7 +63,9 @@ def test_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path, siz
 
 
 class _StubModel(torch.nn.Module):
-    """Embeddings = x·W, with the heads core_tuning reads (a classifier and a projection)."""
+    """Embeddings = x·W, with what core_tuning reads (classifier features, ``classify``, a projection)."""
+
+    num_labels = 4
 
     def __init__(self):
         super().__init__()
@@ -75,8 +77,12 @@ class _StubModel(torch.nn.Module):
         self.projection = ProjectionHead(6)
         self._out = ModelOutput
 
+    def classify(self, feats):
+        return self.classifier(feats)
+
     def forward(self, features):
-        return self._out(embeddings=self.w(features["x"]))
+        e = self.w(features["x"])
+        return self._out(embeddings=e, features=e)
 
 
 def _core_worker(rank, store, out, sizes):

@@ -20,10 +20,12 @@ def test_mean_pooling_ignores_padding():
         pool(h, mask, "pooler", None)
 
 
-@pytest.mark.parametrize("pooling, sn", [("mean", False), ("cls", True), ("pooler", False)])
-def test_save_load_round_trip(tiny_model_dir, tmp_path, pooling, sn):
+@pytest.mark.parametrize("head, pooling, sn", [("pooled", "mean", False), ("pooled", "cls", True),
+                                               ("pooled", "pooler", False), ("native", "mean", True)])
+def test_save_load_round_trip(tiny_model_dir, tmp_path, head, pooling, sn):
     torch.manual_seed(0)
-    model, tok, _ = load_text_model(str(tiny_model_dir), HeadSpec(pooling=pooling, num_labels=3, spectral_norm=sn))
+    model, tok, _ = load_text_model(str(tiny_model_dir), HeadSpec(pooling=pooling, num_labels=3, spectral_norm=sn,
+                                                                  head=head))
     model.eval()
     feats = {k: v for k, v in tok(["a short one", "and a longer sentence here"], padding=True, return_tensors="pt").items()}
     with torch.no_grad():
@@ -36,18 +38,28 @@ def test_save_load_round_trip(tiny_model_dir, tmp_path, pooling, sn):
         after = loaded(feats)
     assert torch.allclose(before.logits, after.logits, atol=1e-6)
     assert loaded.config.id2label == {0: "a", 1: "b", 2: "c"} and loaded.config.label2id["c"] == 2
-    from transformers import AutoModel
+    from transformers import AutoModel, AutoModelForSequenceClassification
 
-    AutoModel.from_pretrained(tmp_path / "m")  # a plain Hugging Face folder too
+    if head == "native":  # a plain transformers classifier computing the same logits
+        hf = AutoModelForSequenceClassification.from_pretrained(tmp_path / "m").eval()
+        with torch.no_grad():
+            assert torch.allclose(hf(**feats).logits, before.logits, atol=1e-5)
+    else:  # a head transformers has no class for: refused, never loaded with a random head
+        with pytest.raises(ValueError, match="finetune-pooled-classifier"):
+            AutoModel.from_pretrained(tmp_path / "m")
 
 
-def test_spectral_norm_head_is_one_lipschitz(tiny_model_dir):
-    model, _, _ = load_text_model(str(tiny_model_dir), HeadSpec(num_labels=4, spectral_norm=True))
+@pytest.mark.parametrize("head", ["pooled", "native"])
+def test_spectral_norm_head_is_one_lipschitz(tiny_model_dir, head):
+    from finetune_cli.models.native import final_linear
+
+    model, _, _ = load_text_model(str(tiny_model_dir), HeadSpec(num_labels=4, spectral_norm=True, head=head))
     model.train()
+    lin = model.classifier.out_proj if head == "pooled" else final_linear(model.hf)
     x = torch.randn(8, model.config.hidden_size)
     for _ in range(30):  # power iterations run in training-mode forwards
-        model.classifier.out_proj(x)
-    w = model.classifier.out_proj.weight
+        lin(x)
+    w = lin.weight
     assert torch.linalg.matrix_norm(w, ord=2).item() == pytest.approx(1.0, abs=1e-3)
 
 

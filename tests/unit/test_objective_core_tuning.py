@@ -155,32 +155,38 @@ def test_contrast_labels():
     assert ids[1] == ids[3] and len({ids[0], ids[1], ids[2], ids[4]}) == 4
 
 
-def _real_batch(tiny_model_dir, n=12):
+def _real_batch(tiny_model_dir, n=12, head="native"):
     from tests.unit.test_objective_scl import _real_batch as rb
 
-    model, batch = rb(tiny_model_dir, n)
+    model, batch = rb(tiny_model_dir, n, head)
     from finetune_cli.models.text_model import ProjectionHead
 
     model.projection = ProjectionHead(model.encoder.config.hidden_size)  # core_tuning needs_projection
     return model, batch
 
 
-def test_objective_on_a_real_batch_has_parts_and_gradients(tiny_model_dir):
-    model, batch = _real_batch(tiny_model_dir)
+@pytest.mark.parametrize("head", ["native", "pooled"])
+def test_objective_on_a_real_batch_has_parts_and_gradients(tiny_model_dir, head):
+    from finetune_cli.models.native import final_linear
+
+    model, batch = _real_batch(tiny_model_dir, head=head)
     obj = build("core_tuning", {"eta": 0.5})
     out = obj(model, batch)
     assert set(out) == {"loss", "ce", "con"}
     assert out["loss"].item() == pytest.approx((out["ce"] + 0.5 * out["con"]).item(), rel=1e-6)
     out["loss"].backward()
-    for p in (model.encoder.embeddings.word_embeddings.weight, model.classifier.out_proj.weight,
-              model.projection.dense.weight):
+    lin = final_linear(model.hf) if head == "native" else model.classifier.out_proj
+    extra = [model.encoder.pooler.dense.weight] if head == "native" else []  # BERT's head starts at its pooler
+    for p in (model.encoder.embeddings.word_embeddings.weight, lin.weight, model.projection.dense.weight, *extra):
         assert p.grad is not None and p.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("how", ["dominant", "exact"])
-def test_objective_assembles_ce_on_mixed_rows_and_focal_con(tiny_model_dir, monkeypatch, how):
-    """Recompute both parts from the mixed rows the objective made (dropout off)."""
-    model, batch = _real_batch(tiny_model_dir)
+@pytest.mark.parametrize("how, head", [("dominant", "native"), ("exact", "native"), ("dominant", "pooled")])
+def test_objective_assembles_ce_on_mixed_rows_and_focal_con(tiny_model_dir, monkeypatch, how, head):
+    """Recompute both parts from the mixed rows the objective made (dropout off). With the native
+    head the mixed features are first-token states and the whole BERT head (pooler, linear)
+    classifies them; checked against the head written out by hand."""
+    model, batch = _real_batch(tiny_model_dir, head=head)
     model.eval()
     seen = {}
     orig = ct.hardness_directed_mixup
@@ -192,11 +198,19 @@ def test_objective_assembles_ce_on_mixed_rows_and_focal_con(tiny_model_dir, monk
     monkeypatch.setattr(ct, "hardness_directed_mixup", spy)
     out = build("core_tuning", {"eta": 2.0, "tau": 0.2, "gamma": 1.5, "mixed_positives": how})(model, batch)
     with torch.no_grad():
-        f = model(batch["features"][0]).embeddings
+        out0 = model(batch["features"][0])
+        f = out0.features
         fm, ym = seen["out"]
         feats = torch.cat([f, fm])
         y = torch.cat([F.one_hot(batch["labels"], 2).float(), ym])
-        logp = F.log_softmax(model.classifier(feats), -1)
+        if head == "native":
+            assert torch.equal(f, model.encoder(**batch["features"][0]).last_hidden_state[:, 0])
+            hf = model.hf
+            logits = hf.classifier(torch.tanh(hf.bert.pooler.dense(feats)))
+            assert torch.allclose(model.classify(f), out0.logits, atol=1e-6)  # classify == transformers' forward
+        else:
+            logits = model.classifier(feats)
+        logp = F.log_softmax(logits, -1)
         ce = -(y * logp).sum(1).mean()
         g = F.normalize(model.projection(feats), dim=-1)
         ids = y.argmax(1) if how == "dominant" else ct.contrast_labels(y, "exact")

@@ -162,18 +162,23 @@ def test_regression_labels_are_refused(tiny_model_dir, quickstart_data):
 
 
 def test_r4f_head_is_spectrally_normalised_and_r3f_is_not(tiny_model_dir, quickstart_data):
+    from torch.nn.utils import parametrize
+
+    from finetune_cli.models.native import final_linear
+
     m3, *_ = model_and_batch(tiny_model_dir, quickstart_data, "r3f")
-    assert not m3.classifier.spectral_norm
+    assert not parametrize.is_parametrized(final_linear(m3.hf)) and not m3.spec.spectral_norm
     model, _, batch, obj = model_and_batch(tiny_model_dir, quickstart_data, "r4f")
-    assert model.classifier.spectral_norm
+    lin = final_linear(model.hf)  # the native head's last linear map (BERT: `classifier`)
+    assert model.spec.spectral_norm and parametrize.is_parametrized(lin, "weight")
     with torch.no_grad():  # make the raw weight far from 1-Lipschitz
-        model.classifier.out_proj.parametrizations.weight.original.mul_(50.0)
+        lin.parametrizations.weight.original.mul_(50.0)
     model.train()
     for _ in range(5):  # each training forward runs one power iteration
         obj(model, batch)
-    w = model.classifier.out_proj.weight
+    w = lin.weight
     assert torch.linalg.matrix_norm(w.detach(), ord=2).item() == pytest.approx(1.0, abs=1e-3)
-    raw = model.classifier.out_proj.parametrizations.weight.original
+    raw = lin.parametrizations.weight.original
     assert torch.linalg.matrix_norm(raw.detach(), ord=2).item() > 5
 
 
@@ -193,7 +198,11 @@ def test_r4f_model_saves_and_loads_with_the_same_logits(tiny_model_dir, quicksta
     save_text_model(model, tok, tmp_path / "m")
     loaded, _, _ = load_text_model(str(tmp_path / "m"))
     loaded.eval()
-    assert loaded.spec.spectral_norm and loaded.classifier.spectral_norm
+    from torch.nn.utils import parametrize
+
+    from finetune_cli.models.native import final_linear
+
+    assert loaded.spec.spectral_norm and parametrize.is_parametrized(final_linear(loaded.hf), "weight")
     with torch.no_grad():
         after = loaded(batch["features"][0]).logits
     torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-6)

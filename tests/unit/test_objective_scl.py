@@ -92,7 +92,7 @@ def test_lone_anchor_does_not_change_the_others():
     assert torch.isfinite(with_lone)
 
 
-def _real_batch(tiny_model_dir, n=12):
+def _real_batch(tiny_model_dir, n=12, head="native"):
     """A batch from the real class_balanced sampler and collate on quickstart sentences."""
     from finetune_cli.data.encode import collate, encode_table
     from finetune_cli.data.sampling import epoch_batches
@@ -104,7 +104,7 @@ def _real_batch(tiny_model_dir, n=12):
     t = t.select(list(range(40)))
     names = sorted(set(t.columns["label"]))
     t.columns["label"] = [names.index(v) for v in t.columns["label"]]
-    model, tok, _ = load_text_model(str(tiny_model_dir), HeadSpec(num_labels=len(names)))
+    model, tok, _ = load_text_model(str(tiny_model_dir), HeadSpec(num_labels=len(names), head=head))
     enc = encode_table(t, tok, 32, ("text",), joint=True)
     batches = epoch_batches("class_balanced", enc.lengths, enc.labels, n, seed=0, epoch=0)
     batch = collate(enc, batches[0], tok.pad_token_id)
@@ -124,7 +124,7 @@ def test_objective_on_a_real_batch(tiny_model_dir, lam):
     assert out["scl"].item() > 0
     out["loss"].backward()
     assert model.encoder.embeddings.word_embeddings.weight.grad.abs().sum() > 0
-    head_grad = model.classifier.out_proj.weight.grad
+    head_grad = model.hf.classifier.weight.grad  # the native BERT head's linear map
     if lam == 1.0:
         assert head_grad is None or head_grad.abs().sum() == 0  # λ = 1: CE has weight 0
     else:

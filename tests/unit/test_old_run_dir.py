@@ -1,5 +1,9 @@
 """A run directory written by the release before the architecture change (tests/fixtures/run_v0,
-made by tests/fixtures/make_run_v0.py at commit 805a508) still evaluates and resumes."""
+made by tests/fixtures/make_run_v0.py at commit 805a508) still evaluates and resumes.
+
+Its classifier folders are the old format (a plain BertModel + ``finetune_head.safetensors`` with a
+mean-pooling head, no ``model.head`` in its recipe): finetune loads them transparently as pooled
+classifiers, and its recipe reads as ``model.head: pooled``."""
 
 from __future__ import annotations
 
@@ -40,10 +44,13 @@ def test_old_run_evaluates_as_it_did(old):
 
 
 def test_old_run_resumes_and_ends_as_an_uninterrupted_run(old):
-    # the fixture was trained from the recipe defaults plus these overrides (no recipe file)
-    out = run_train(load_recipe(None, [*OVERRIDES, "output.name=old"]), UI(quiet=True), device="cpu")
+    # the fixture was trained from the recipe defaults of its day plus these overrides (no recipe
+    # file); its head was model.pooling + linear, which is `model.head=pooled` now
+    out = run_train(load_recipe(None, [*OVERRIDES, "model.head=pooled", "output.name=old"]), UI(quiet=True),
+                    device="cpu")
     assert out.resumed_from == Path("runs/old/checkpoint-4") and out.summary["steps"] == 8
-    run_train(load_recipe(None, [*OVERRIDES, "output.name=fresh"]), UI(quiet=True), device="cpu")
+    run_train(load_recipe(None, [*OVERRIDES, "model.head=pooled", "output.name=fresh"]), UI(quiet=True),
+              device="cpu")
     resumed = load_file("runs/old/final/model.safetensors")
     fresh = load_file("runs/fresh/final/model.safetensors")
     assert resumed.keys() == fresh.keys()
@@ -53,3 +60,23 @@ def test_old_run_resumes_and_ends_as_an_uninterrupted_run(old):
         return [json.loads(ln)["step"] for ln in Path(run, "metrics.jsonl").read_text().splitlines()]
 
     assert steps("runs/old") == steps("runs/fresh")
+
+
+def test_old_run_with_todays_default_head_is_refused_in_one_line(old):
+    from finetune_cli.errors import RunDirError
+
+    with pytest.raises(RunDirError) as e:
+        run_train(load_recipe(None, [*OVERRIDES, "output.name=old"]), UI(quiet=True), device="cpu")
+    assert "model.head: 'pooled' there, 'native' now" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_old_run_predicts_with_its_trained_head(old, tmp_path):
+    res = runner.invoke(app, ["predict", "runs/old", "--input", "data/dev.tsv", "--output", str(tmp_path / "p.csv"),
+                              "--column", "sentence", "--json", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "p.csv").open()))
+    gold = [r["label"] for r in csv.DictReader(Path("data/dev.tsv").open(), delimiter="\t")]
+    acc = sum(r["pred_label"] == g for r, g in zip(rows, gold, strict=True)) / len(gold)
+    assert acc == pytest.approx(0.46875)  # the old release's accuracy: the head was loaded, not re-drawn

@@ -1,0 +1,243 @@
+"""The processes of a multi-process run, and what they must agree on.
+
+``torchrun`` and ``accelerate launch`` start one copy of ``finetune train`` per process with
+``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the environment. :func:`init_distributed` joins them
+(through ``accelerate``'s ``PartialState``, so the ``Accelerator`` built later shares the same
+process group) and returns a :class:`Processes`: rank, world size, and the few collectives the
+pipeline and the trainer need on the *control plane* (run directory checks, stop flags, evaluation
+results). Those go through a gloo group even when the gradients go through NCCL, so a control
+message never makes a GPU stream wait.
+
+One process (no launcher) gets a :class:`Processes` whose collectives are identities: single-process
+code paths are unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, Optional, TypeVar
+
+import numpy as np
+import torch
+
+from finetune_cli.errors import FinetuneError
+
+T = TypeVar("T")
+
+
+def launched_world_size() -> int:
+    """Processes a launcher started (1 without one)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class Processes:
+    """Rank, world size and control-plane collectives. All ranks must call a collective in the same
+    order (as with ``torch.distributed``)."""
+
+    def __init__(self, rank: int = 0, world: int = 1, group: Any = None):
+        self.rank, self.world, self.group = rank, world, group
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def barrier(self) -> None:
+        if self.distributed:
+            torch.distributed.barrier(group=self.group)
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on at least one (an all-reduce of a 0/1 flag)."""
+        if not self.distributed:
+            return flag
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self.group)
+        return bool(t.item())
+
+    def broadcast(self, obj: T) -> T:
+        """The main process's ``obj`` on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj if self.is_main else None]
+        torch.distributed.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def all_gather(self, obj: T) -> list[T]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def gather_to_main(self, obj: T) -> Optional[list[T]]:
+        """Every rank's ``obj`` in rank order on the main process; None elsewhere."""
+        if not self.distributed:
+            return [obj]
+        out: Optional[list[Any]] = [None] * self.world if self.is_main else None
+        torch.distributed.gather_object(obj, out, dst=0, group=self.group)
+        return out
+
+    def on_main(self, fn: Callable[[], T]) -> Optional[T]:
+        """Run ``fn`` on the main process only (deleting a directory, taking a lock) while the others
+        wait. The main process gets ``fn``'s result, the others None; an error in ``fn`` is raised on
+        every rank (elsewhere as a copy marked ``reported_by_main``), so no rank waits forever."""
+        if not self.distributed:
+            return fn()
+        res: Any = None
+        err: Optional[Exception] = None
+        if self.is_main:
+            try:
+                res = fn()
+            except Exception as e:  # every rank must hear of it, or the others wait forever
+                err = e
+        what = None if err is None else (type(err) if isinstance(err, FinetuneError) else None, str(err))
+        what = self.broadcast(what)
+        if err is not None:
+            raise err
+        if what is not None:
+            cls, msg = what
+            e = cls(msg) if cls is not None else RuntimeError(f"the main process failed: {msg}")
+            e.reported_by_main = True
+            raise e
+        return res
+
+
+def init_distributed(device: str) -> Processes:
+    """Join the launcher's processes (once per process; later calls return the same view)."""
+    if _under_launcher():
+        set_parent_death_signal()
+    world = launched_world_size()
+    if world == 1:
+        return Processes()
+    from accelerate.state import PartialState
+
+    from finetune_cli.engine.device import resolve_device
+
+    state = PartialState(cpu=resolve_device(device).type == "cpu")
+    global _CONTROL
+    if _CONTROL is None:
+        # gloo for the control plane; the default group when it is gloo already.
+        _CONTROL = (None if torch.distributed.get_backend() == "gloo"
+                    else torch.distributed.new_group(backend="gloo"))
+    return Processes(state.process_index, state.num_processes, _CONTROL)
+
+
+_CONTROL: Any = None
+
+
+def _under_launcher() -> bool:
+    """Started by torchrun (its agent sets TORCHELASTIC_RUN_ID) or ``accelerate launch`` (any of its
+    launchers sets ACCELERATE_MIXED_PRECISION)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "ACCELERATE_MIXED_PRECISION" in os.environ
+
+
+def set_parent_death_signal() -> None:
+    """Ask Linux to send this process SIGTERM when its parent (the launcher) dies, even by SIGKILL:
+    a worker then stops through the same checkpoint-and-exit path as a Ctrl-C instead of training
+    on as an orphan. Only under a launcher: a plain ``nohup finetune train &`` must outlive its
+    shell."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank ``rank``'s random stream (dropout, noise). Rank 0 keeps the recipe's seed, so
+    a one-process run is what it always was; other ranks get independent streams derived from
+    (seed, rank), so their dropout masks are not copies of rank 0's."""
+    if rank == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1, dtype=np.uint64)[0] % 2**63)
+
+
+# ---- stop requests ----------------------------------------------------------------------------
+
+class StopRequests:
+    """SIGINT/SIGTERM set a flag instead of raising mid-step; the trainer polls :meth:`agreed` at
+    each step boundary, so every rank stops after the same step and writes one checkpoint.
+
+    One process: a second signal raises ``KeyboardInterrupt`` at once (an impatient Ctrl-C still
+    works). Several: repeated signals only keep the flag set (a terminal's Ctrl-C reaches every
+    rank *and* the launcher, which forwards it again); the launcher's own kill timeout is the
+    hard stop.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, procs: Processes):
+        self.procs = procs
+        self.requested = False
+
+    def _handler(self, signum, frame) -> None:
+        if self.requested and not self.procs.distributed:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopRequests]:
+        old: dict[int, Any] = {}
+        try:
+            for s in self.SIGNALS:
+                old[s] = signal.signal(s, self._handler)
+        except ValueError:  # not the main thread: signals stay as they are
+            pass
+        try:
+            yield self
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def agreed(self) -> bool:
+        """True on every rank when any rank has been asked to stop (an all-reduce per call)."""
+        return self.procs.any(self.requested)
+
+
+# ---- parameters no loss uses --------------------------------------------------------------------
+
+def freeze_unused_parameters(model: torch.nn.Module, probe: Callable[[], torch.Tensor], procs: Processes) -> list[str]:
+    """Freeze (``requires_grad=False``) the parameters that get no gradient from one probe step on
+    any rank, so DDP never waits for their gradients (its "parameters that were not used in
+    producing loss" error). BERT's pooler under mean pooling is the usual case; a head that uses the
+    pooler keeps it. Generic on purpose: no list of module names.
+
+    ``probe()`` returns the loss of one batch. The probe leaves no trace: gradients are cleared and
+    the RNG states and buffers (e.g. spectral-norm power-iteration vectors) are put back, so a run
+    (and its resume) is the same as without the probe. The optimizer may hold a frozen parameter:
+    it never gets a gradient, so AdamW skips it, exactly as it skipped it before.
+
+    Why not ``find_unused_parameters=True``: it walks the autograd graph every step to find the
+    same answer this finds once.
+    """
+    from finetune_cli.engine.trainer import capture_rng, restore_rng
+
+    rng = capture_rng()
+    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    for _, p in params:
+        p.grad = None
+    probe().backward()
+    used = torch.tensor([p.grad is not None for _, p in params], dtype=torch.int32)
+    if procs.distributed:
+        torch.distributed.all_reduce(used, op=torch.distributed.ReduceOp.MAX, group=procs.group)
+    frozen = []
+    with torch.no_grad():
+        for (n, p), u in zip(params, used.tolist(), strict=True):
+            p.grad = None
+            if not u:
+                p.requires_grad_(False)
+                frozen.append(n)
+        for k, v in model.named_buffers():
+            v.copy_(buffers[k])
+    restore_rng(rng)
+    return frozen

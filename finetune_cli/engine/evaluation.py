@@ -1,0 +1,38 @@
+"""Evaluation functions the trainer calls during training (``evaluate(model) -> {metric: value}``),
+and the metrics of a model's outputs by label type."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from finetune_cli.data.encode import EncodedData, encode_table
+from finetune_cli.engine.inference import forward_all
+from finetune_cli.metrics.tasks import task_metrics
+
+TEXT_COLUMNS = ("text", "text_pair")
+
+
+def make_classifier_eval(data: EncodedData, label_type: Optional[str], batch_size: int, pad_id: int,
+                         threshold: float = 0.5):
+    """``evaluate(model)`` for objectives with a classifier head (``metrics.tasks`` by label type;
+    ``threshold``: multi-label decisions)."""
+
+    def evaluate(model) -> dict[str, float]:
+        logits = forward_all(model, data, batch_size, pad_id)["logits"]
+        return task_metrics(label_type, logits, data.labels, threshold)
+
+    return evaluate
+
+
+def make_similarity_eval(table, tokenizer, max_length: int, batch_size: int, pad_id: int):
+    """``evaluate(model)``: Spearman/Pearson of embedding cosines against the gold scores."""
+    from finetune_cli.metrics.similarity import correlations, cosine_scores
+
+    enc = encode_table(table, tokenizer, max_length, TEXT_COLUMNS, joint=False)
+
+    def evaluate(model) -> dict[str, float]:
+        a = forward_all(model, enc, batch_size, pad_id, view=0, want=("embeddings",))["embeddings"]
+        b = forward_all(model, enc, batch_size, pad_id, view=1, want=("embeddings",))["embeddings"]
+        return correlations(cosine_scores(a, b), enc.labels)
+
+    return evaluate

@@ -1,0 +1,82 @@
+"""Evaluation of a classifier's outputs by problem type (transformers' ``problem_type``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from finetune_cli.errors import DataError
+
+LABEL_TYPES = {"single_label_classification": "class", "regression": "float", "multi_label_classification": "multi"}
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=np.float64)))
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    z = np.asarray(x, dtype=np.float64)
+    z = np.exp(z - z.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def multilabel_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
+    """Micro- and macro-F1 over labels, and subset accuracy (every label of the row right)."""
+    from sklearn.metrics import f1_score
+
+    y_true = np.asarray(y_true).astype(int)
+    y_pred = np.asarray(y_pred).astype(int)
+    return {
+        "f1_micro": float(f1_score(y_true, y_pred, average="micro", zero_division=0)),
+        "f1_macro": float(f1_score(y_true, y_pred, average="macro", zero_division=0)),
+        "subset_accuracy": float((y_true == y_pred).all(axis=1).mean()),
+    }
+
+
+def regression_metrics(pred: np.ndarray, gold: np.ndarray) -> dict[str, float]:
+    from scipy.stats import pearsonr, spearmanr
+
+    pred = np.asarray(pred, dtype=np.float64).reshape(len(pred), -1)[:, 0]
+    gold = np.asarray(gold, dtype=np.float64)
+    return {"pearson": float(pearsonr(pred, gold)[0]), "spearman": float(spearmanr(pred, gold)[0])}
+
+
+def task_metrics(label_type: str | None, logits: np.ndarray, labels: np.ndarray | None,
+                 threshold: float = 0.5) -> dict[str, float]:
+    """Metrics of ``logits`` against ``labels`` for a label type (``class``: accuracy, macro-F1,
+    MCC of the argmax; ``float``: Pearson/Spearman of the single output; ``multi``: micro/macro-F1
+    and subset accuracy of ``sigmoid >= threshold``)."""
+    if labels is None:
+        raise DataError("evaluation needs labelled data")
+    if label_type == "class":
+        from finetune_cli.metrics.classification import classification_metrics
+
+        return classification_metrics(labels, logits.argmax(-1))
+    if label_type == "float":
+        return regression_metrics(logits, labels)
+    if label_type == "multi":
+        return multilabel_metrics(labels, sigmoid(logits) >= threshold)
+    raise DataError("evaluation needs labelled data")
+
+
+def prediction_columns(logits: np.ndarray, problem_type: str, label_names: list[str],
+                       threshold: float = 0.5) -> dict[str, list]:
+    """Per-row predictions as output columns.
+
+    * single-label: ``pred_label`` (argmax) and ``prob_<label>`` (softmax, rows sum to 1);
+    * regression: ``pred_score`` (the single output);
+    * multi-label: ``pred_labels`` (the labels whose sigmoid >= ``threshold``, a list) and
+      ``prob_<label>`` (each label's sigmoid).
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    if problem_type == "regression":
+        return {"pred_score": [float(x) for x in logits.reshape(len(logits), -1)[:, 0]]}
+    names = list(label_names) or [f"LABEL_{i}" for i in range(logits.shape[-1])]
+    if problem_type == "multi_label_classification":
+        p = sigmoid(logits)
+        out: dict[str, list] = {"pred_labels": [[names[j] for j in np.flatnonzero(r >= threshold)] for r in p]}
+    else:
+        p = softmax(logits)
+        out = {"pred_label": [names[j] for j in p.argmax(-1)]}
+    for j, name in enumerate(names):
+        out[f"prob_{name}"] = [float(x) for x in p[:, j]]
+    return out

@@ -1,0 +1,247 @@
+"""``finetune sweep``: a seed-aware hyper-parameter search with optuna.
+
+Each trial is the recipe plus sampled overrides, trained once per seed (``pipelines.multiseed``)
+into ``<sweep>/trials/trial-<n>/seed-<k>/``; its value is the mean over seeds of the metric that
+``finetune report`` reads for a run (``best/eval_metrics.json``: the best evaluation during
+training). The sampler is TPE, seeded; the median pruner stops a trial whose evaluation metric,
+reported during training by a trainer callback, is worse than the median of earlier trials at the
+same point (step ``seed index × steps per seed + step``, so seeds line up across trials).
+
+The study lives in ``<sweep>/study.db`` (SQLite): rerunning the same command resumes it. Finished
+and pruned trials are kept; a trial cut short by Ctrl-C is tried again with the same parameters in
+the same folder, so its finished seeds are skipped and an interrupted seed resumes from its
+checkpoint. A trial whose training failed (e.g. a non-finite loss) counts as done and is not retried.
+
+At the end: every trial's mean ± std over seeds; the recipe itself (its defaults for the swept
+keys) trained over the same seeds into ``<sweep>/baseline/``, and the paired comparison of the
+best trial against it (``finetune report``'s statistics); ``<sweep>/best.yaml``, the best
+trial's resolved recipe, which ``finetune train -r`` runs as is.
+
+Parameter specs (``--param KEY=SPEC``): ``uniform:a:b``, ``loguniform:a:b`` (a > 0), ``int:a:b``
+(inclusive), ``choice:v1,v2,...`` (values parsed as YAML). Every spec is checked by validating the
+recipe with its bounds (or each choice) before anything trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from finetune_cli.engine.search import (
+    ParamSpec,
+    PruneCallback,
+    TrialRow,
+    bad_param,
+    dotted_value,
+    import_optuna,
+    mean_std_of,
+    override,
+    parse_param,
+    trial_row,
+)
+from finetune_cli.errors import FinetuneError, RunDirError, TrainingError
+from finetune_cli.fsutil import atomic_write_json, atomic_write_text
+from finetune_cli.pipelines.multiseed import run_seeds
+from finetune_cli.pipelines.recipes import load_recipe
+from finetune_cli.recipe import Recipe, RecipeError
+
+
+def check_specs(recipe_path: str, overrides: Sequence[str], specs: Sequence[ParamSpec]) -> Recipe:
+    """Validate the recipe with every spec's bounds / choices; returns the base recipe."""
+    keys = [s.key for s in specs]
+    for k in keys:
+        if keys.count(k) > 1:
+            raise RecipeError(f"--param {k} is given twice")
+    base = load_recipe(recipe_path, overrides)
+    if not isinstance(base, Recipe):
+        raise RecipeError(f"{recipe_path} is a probe recipe; `finetune sweep` searches training recipes")
+    for s in specs:
+        for v in s.values_to_check():
+            try:
+                load_recipe(recipe_path, [*overrides, override(s.key, v)])
+            except RecipeError as e:
+                raise bad_param(s.text, str(e)) from None
+    return base
+
+
+# ---- the study ---------------------------------------------------------------------------------
+
+STUDY_NAME = "finetune-sweep"
+
+
+@dataclass
+class SweepResult:
+    sweep_dir: str
+    metric: str
+    direction: str
+    seeds: list[int]
+    params: list[str]
+    trials: list[TrialRow]
+    best: Optional[TrialRow] = None
+    baseline: Optional[TrialRow] = None
+    comparison: Optional[dict[str, Any]] = None
+    best_recipe: Optional[str] = None
+    ran_now: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def seed_values(run_dirs: Sequence[Path], seeds: Sequence[int], metric: str) -> dict[int, float]:
+    """The per-seed value ``finetune report`` would use for each finished run."""
+    from finetune_cli.pipelines.report import load_run
+
+    out = {}
+    for seed, d in zip(seeds, run_dirs, strict=True):
+        rec = load_run(Path(d))
+        if metric not in rec.metrics:
+            raise FinetuneError(f"--metric {metric}: run {d} has no such metric (have: {', '.join(rec.metrics)})")
+        out[seed] = rec.metrics[metric]
+    return out
+
+
+def _config(base: Recipe, specs: Sequence[ParamSpec], seeds: Sequence[int], metric: str, direction: str):
+    d = base.to_dict()
+    d.pop("output", None)
+    return {"recipe": d, "params": [s.text for s in specs], "seeds": list(seeds), "metric": metric,
+            "direction": direction}
+
+
+def run_sweep(recipe_path: str, overrides: Sequence[str], params: Sequence[str], ui, *, trials: int,
+              seeds: Sequence[int], metric: str, direction: Optional[str] = None, out: Optional[str] = None,
+              sampler_seed: int = 0, prune: bool = True, baseline: bool = True, device: str = "auto",
+              data_dir: Optional[str] = None) -> SweepResult:
+    if not params:
+        raise RecipeError("finetune sweep needs at least one --param KEY=SPEC")
+    if trials < 1:
+        raise RecipeError("--trials must be at least 1")
+    specs = [parse_param(p) for p in params]
+    overrides = [*overrides, f"train.metric={metric}"]
+    base = check_specs(recipe_path, overrides, specs)
+    from finetune_cli.pipelines.gate_metrics import train_metrics
+
+    known = train_metrics(base)
+    if known and metric not in known:
+        raise RecipeError(f"--metric {metric}: training of objective `{base.objective.name}` evaluates "
+                          f"{', '.join(known)}")
+    direction = direction or ("minimize" if "loss" in metric else "maximize")
+    optuna = import_optuna()
+
+    # named after output.name, else the recipe's name (`-r scl` and `-r recipes/scl.yaml` -> sweep-scl)
+    name = base.output.name or Path(recipe_path).stem
+    sweep_dir = Path(out) if out else Path(base.output.dir) / f"sweep-{name}"
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    cfg = _config(base, specs, seeds, metric, direction)
+    cfg_file = sweep_dir / "sweep.json"
+    if cfg_file.is_file():
+        old = json.loads(cfg_file.read_text())
+        if old != cfg:
+            diff = next(k for k in cfg if old.get(k) != cfg[k])
+            raise RunDirError(f"sweep directory {sweep_dir} holds a different sweep ({diff} differs); "
+                              f"choose another --out or delete it")
+    else:
+        atomic_write_json(cfg_file, cfg)
+
+    storage = f"sqlite:///{sweep_dir.resolve() / 'study.db'}"
+    study = optuna.create_study(
+        study_name=STUDY_NAME, storage=storage, load_if_exists=True, direction=direction,
+        sampler=optuna.samplers.TPESampler(seed=sampler_seed),
+        pruner=optuna.pruners.MedianPruner() if prune else optuna.pruners.NopPruner())
+    TS = optuna.trial.TrialState
+
+    # Trials cut short by an interruption (FAIL without a recorded training error) are tried again
+    # with the same parameters in the same folder, unless a later trial already did.
+    existing = study.get_trials(deepcopy=False)
+    covered = {t.user_attrs.get("run_dir") for t in existing
+               if t.state in (TS.COMPLETE, TS.PRUNED, TS.WAITING, TS.RUNNING) or "error" in t.user_attrs}
+    for t in existing:
+        rd = t.user_attrs.get("run_dir")
+        if t.state == TS.FAIL and "error" not in t.user_attrs and rd not in covered:
+            study.enqueue_trial(t.params, user_attrs={"run_dir": rd})
+            covered.add(rd)
+            ui.log(f"trial {t.number} was interrupted: trying its parameters again in {rd}")
+    done = sum(1 for t in existing if t.state in (TS.COMPLETE, TS.PRUNED) or
+               (t.state == TS.FAIL and "error" in t.user_attrs))
+    todo = max(0, trials - done)
+    if done:
+        ui.log(f"resuming sweep {sweep_dir}: {done} trial(s) done, {todo} to run")
+
+    def objective(trial) -> float:
+        sampled = []
+        for s in specs:
+            if s.kind == "choice":
+                idx = s.choices.index(trial.suggest_categorical(s.key, list(s.choices)))
+                sampled.append(f"{s.key}={s.choices[idx]}")
+            elif s.kind == "int":
+                sampled.append(override(s.key, trial.suggest_int(s.key, int(s.low), int(s.high))))
+            else:
+                sampled.append(override(s.key, trial.suggest_float(s.key, s.low, s.high,
+                                                                   log=s.kind == "loguniform")))
+        rd = trial.user_attrs.get("run_dir") or str(sweep_dir / "trials" / f"trial-{trial.number:03d}")
+        trial.set_user_attr("run_dir", rd)
+        trial.set_user_attr("overrides", sampled)
+        r = load_recipe(recipe_path, [*overrides, *sampled, f"output.dir={Path(rd).parent}",
+                                      f"output.name={Path(rd).name}"])
+        ui.rule(f"sweep trial {trial.number} · {' '.join(sampled)}")
+        outs = []
+        try:
+            for i, seed in enumerate(seeds):
+                cb = PruneCallback(trial, metric, i) if prune else None
+                outs += run_seeds(r, [seed], ui, device=device, data_dir=data_dir,
+                                  callbacks=[cb] if cb else [])
+        except TrainingError as e:
+            trial.set_user_attr("error", str(e))
+            ui.warn(f"trial {trial.number} failed: {e}")
+            raise
+        vals = seed_values([o.run_dir for o in outs], seeds, metric)
+        trial.set_user_attr("values", {str(k): v for k, v in vals.items()})
+        mean, std = mean_std_of(vals)
+        ui.log(f"trial {trial.number}: {metric} {mean:.4f}" + (f" ± {std:.4f}" if std is not None else "")
+               + f" over seeds {','.join(map(str, seeds))}")
+        return float(mean)
+
+    if todo:
+        study.optimize(objective, n_trials=todo, catch=(TrainingError,))
+
+    rows = [trial_row(t, TS) for t in study.get_trials(deepcopy=False)]
+    res = SweepResult(sweep_dir=str(sweep_dir), metric=metric, direction=direction, seeds=list(seeds),
+                      params=[s.key for s in specs], trials=rows, ran_now=todo)
+    complete = [r for r in rows if r.state == "COMPLETE" and r.mean is not None]
+    if not complete:
+        return res
+    best = (max if direction == "maximize" else min)(complete, key=lambda r: r.mean)
+    res.best = best
+    best_over = study.trials[best.number].user_attrs["overrides"]
+    res.best_recipe = str(_write_best(recipe_path, overrides, best_over, base, sweep_dir))
+    if baseline:
+        b = dataclasses.replace(base, output=dataclasses.replace(base.output, dir=str(sweep_dir), name="baseline"))
+        ui.rule("sweep baseline · the recipe's own values")
+        outs = run_seeds(b, seeds, ui, device=device, data_dir=data_dir)
+        vals = seed_values([o.run_dir for o in outs], seeds, metric)
+        mean, std = mean_std_of(vals)
+        res.baseline = TrialRow(number=-1, state="COMPLETE", params={s.key: dotted_value(base, s.key) for s in specs},
+                                mean=mean, std=std, values=vals, run_dir=str(sweep_dir / "baseline"))
+        from finetune_cli.metrics.stats import paired_stats
+
+        shared = sorted(set(best.values) & set(vals))
+        res.comparison = {"a": f"trial {best.number}", "b": "baseline", "metric": metric, "seeds": shared,
+                          **paired_stats([best.values[s] for s in shared], [vals[s] for s in shared])}
+    atomic_write_json(sweep_dir / "result.json", res.to_dict())
+    return res
+
+
+def _write_best(recipe_path: str, overrides: Sequence[str], best_over: Sequence[str], base: Recipe,
+                sweep_dir: Path) -> Path:
+    """``best.yaml``: the best trial's resolved recipe, output next to the base recipe's runs."""
+    name = f"{base.output.name or Path(recipe_path).stem}-best"
+    r = load_recipe(recipe_path, [*overrides, *best_over, f"output.dir={base.output.dir}", f"output.name={name}"])
+    path = sweep_dir / "best.yaml"
+    head = f"# best trial of the sweep in {sweep_dir}: {' '.join(best_over)}\n"
+    atomic_write_text(path, head + r.to_yaml())
+    return path
+
+

@@ -1,0 +1,28 @@
+"""``finetune report --curves FILE.png``: the training curves of several runs in one figure.
+
+Runs are grouped as the report groups them (one recipe = one colour); each run's
+``metrics.jsonl`` is a thin line and the recipe's mean over seeds a bold one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from finetune_cli.errors import DataError
+
+
+def report_curves(rep, path: Path) -> tuple[Path, dict[str, Any]]:
+    """Draw the curves of the runs of ``rep`` (a ``Report``); returns the PNG and the data drawn."""
+    from finetune_cli.viz._mpl import pyplot
+    from finetune_cli.viz.curves import multi_run_series, plot_multi_run, read_metrics
+
+    groups: dict[str, list] = {}
+    for r in rep.runs:
+        f = Path(r.path) / "metrics.jsonl"
+        if not f.is_file():
+            raise DataError(f"--curves: run {r.path} has no metrics.jsonl")
+        groups.setdefault(r.group, []).append(read_metrics(f))
+    data = multi_run_series(groups)
+    pyplot()  # one-line error when matplotlib is missing
+    return plot_multi_run(data, Path(path), title=f"{len(rep.runs)} runs · {rep.task}"), data

@@ -1,0 +1,474 @@
+"""Bad input, table-driven: every case through the CLI runner ends with exit code N, exactly one
+``error:`` line on stderr (the last one) naming the file or key, no traceback, and for writers no
+output left behind that a rerun would trust.
+
+A new case is one row. ``{name}`` in a row is filled from the case context: ``tmp`` (the case's own
+folder), ``model`` (tiny BERT), ``run`` (a fresh copy of a finished tiny run), ``partial`` (a copy
+of the same run cut before its end: checkpoints only), data files written on demand (``latin1_tsv``,
+``scalar_json`` …), ``afile`` (a plain file, to put outputs on or under) and ``ro`` (a read-only
+folder).
+
+``BAD_INPUT_CENSUS=FILE`` records each case's outcome (traceback or not) instead of asserting: the
+note of issue 17 counts how many cases were tracebacks before the change with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import pytest
+from typer.testing import CliRunner
+
+from finetune_cli.cli.main import app
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "finetune_cli" / "resources" / "quickstart"
+runner = CliRunner()
+CENSUS = os.environ.get("BAD_INPUT_CENSUS")
+
+# ---- data files, written on demand ------------------------------------------------------------
+
+LATIN1 = "sentence\tlabel\nfine food\tpositive\ncaf\xe9 au lait, tr\xe8s bien\tpositive\nbad\tnegative\n"
+DATA: dict[str, tuple[str, Union[str, bytes]]] = {
+    "latin1_tsv": ("latin1.tsv", LATIN1.encode("latin-1")),
+    "latin1_txt": ("latin1.txt", "one sentence\ncaf\xe9 au lait\n".encode("latin-1")),
+    "latin1_yaml": ("latin1.yaml", "# caf\xe9\ntrain: {epochs: 1}\n".encode("latin-1")),
+    "scalar_json": ("scalar.json", "42\n"),
+    "object_json": ("object.json", '{"sentence": "a", "label": "positive"}\n'),
+    "bad_parquet": ("bad.parquet", b"PAR1\x00\x01garbage that is not a parquet footer"),
+    "empty_label_tsv": ("empty_label.tsv", "sentence\tlabel\ngood\tpositive\nbad\t\nok\tnegative\n"),
+    "nan_label_tsv": ("nan_label.tsv", "sentence\tlabel\ngood\tpositive\nbad\tNaN\nok\tnegative\n"),
+    "null_label_jsonl": ("null_label.jsonl", '{"sentence": "good", "label": "positive"}\n'
+                                             '{"sentence": "bad", "label": null}\n'
+                                             '{"sentence": "ok", "label": "negative"}\n'),
+    "nan_label_jsonl": ("nan_label.jsonl", '{"sentence": "good", "label": "positive"}\n'
+                                           '{"sentence": "bad", "label": NaN}\n'
+                                           '{"sentence": "ok", "label": "negative"}\n'),
+    "empty_text_tsv": ("empty_text.tsv", "sentence\tlabel\ngood\tpositive\n  \tnegative\nok\tnegative\n"),
+    "null_text_jsonl": ("null_text.jsonl", '{"sentence": "good", "label": "positive"}\n'
+                                           '{"sentence": null, "label": "negative"}\n'
+                                           '{"sentence": "ok", "label": "negative"}\n'),
+    "number_text_jsonl": ("number_text.jsonl", '{"sentence": "good", "label": "positive"}\n'
+                                               '{"sentence": 3.5, "label": "negative"}\n'
+                                               '{"sentence": "ok", "label": "negative"}\n'),
+    "text_null_jsonl": ("text_null.jsonl", '{"text": "good"}\n{"text": null}\n'),
+    "text_number_jsonl": ("text_number.jsonl", '{"text": "good"}\n{"text": 7}\n'),
+    "sts_nan_tsv": ("sts_nan.tsv", "sentence1\tsentence2\tscore\na cat\ta dog\t1.5\nsun\tmoon\tnan\n"
+                                   "red\tblue\t2.0\n"),
+    "sts_inf_tsv": ("sts_inf.tsv", "sentence1\tsentence2\tscore\na cat\ta dog\t1.5\nsun\tmoon\tinf\n"
+                                   "red\tblue\t2.0\n"),
+    "sentences_txt": ("sentences.txt", "a cat sat\nthe dog ran\nsun and moon\nred and blue\n"),
+    "scalar_yaml": ("scalar.yaml", "just a string\n"),
+    "good_tsv": ("good.tsv", "sentence\tlabel\ngood\tpositive\nbad\tnegative\n"),
+}
+
+RUN_OVERRIDES = ["model.max_length=32", f"data.train={QUICKSTART / 'train.tsv'}",
+                 f"data.eval={QUICKSTART / 'dev.tsv'}", "data.columns.text=sentence", "data.max_train_samples=16",
+                 "data.max_eval_samples=16", "train.batch_size=8", "train.max_steps=2", "train.save_every=1",
+                 "train.eval_every=1", "train.keep_checkpoints=2", "train.lr=1e-3", "output.name=t"]
+
+
+class Ctx(dict):
+    """Template values; the expensive ones (copies of runs, files) are made on first use."""
+
+    def __init__(self, tmp: Path, model: Path, run: Path):
+        super().__init__(tmp=str(tmp), model=str(model))
+        self.tmp, self._run = tmp, run
+
+    def __missing__(self, key: str) -> str:
+        if key in DATA:
+            name, content = DATA[key]
+            p = self.tmp / "data" / name
+            p.parent.mkdir(exist_ok=True)
+            p.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+            value = str(p)
+        elif key == "run":  # a finished run
+            value = str(shutil.copytree(self._run, self.tmp / "runs" / "t"))
+        elif key == "partial":  # the same run, cut after its checkpoints (a rerun resumes it)
+            p = Path(shutil.copytree(self._run, self.tmp / "runs" / "t"))
+            (p / "summary.json").unlink()
+            shutil.rmtree(p / "final")
+            value = str(p)
+        elif key == "afile":
+            p = self.tmp / "afile"
+            p.write_text("not a folder\n")
+            value = str(p)
+        elif key == "adir":
+            p = self.tmp / "adir.npy"
+            p.mkdir()
+            value = str(p)
+        elif key == "ro":
+            p = self.tmp / "ro"
+            p.mkdir()
+            p.chmod(0o555)
+            value = str(p)
+        else:
+            raise KeyError(key)
+        self[key] = value
+        return value
+
+
+def fill(template: str, ctx: Ctx) -> str:
+    return template.format_map(ctx)
+
+
+@dataclass
+class Case:
+    id: str
+    argv: list[str]
+    code: int
+    expect: list[str]  # substrings of the error line (templates)
+    setup: Optional[Callable[[Ctx], Any]] = None
+    left: list[str] = field(default_factory=list)  # paths that must not exist afterwards (templates)
+
+
+def C(id: str, argv: list[str], code: int, *expect: str, setup=None, left=()) -> Any:
+    return pytest.param(Case(id, argv, code, list(expect), setup, list(left)), id=id)
+
+
+TRAIN = ["train", "-r", "quickstart", "model.name={model}", *RUN_OVERRIDES, "output.dir={tmp}/runs",
+         "--device", "cpu", "-q"]
+EVAL = ["eval", "{run}", "--device", "cpu", "--no-figures", "-q"]
+EMBED = ["embed", "{run}", "--device", "cpu", "-q"]
+AUG = ["augment", "--delete-words", "0.3", "-q"]
+REPORT = ["report", "{run}", "--no-plot"]
+PROBE = ["probe", "sequential", "-r", "probe_sequential", "model.name={model}", "output.dir={tmp}/runs", "-q"]
+SEED_HUGE = str(2**63)
+
+
+def _write(rel: str, text: Union[str, bytes]) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        p = Path(fill(rel, ctx))
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return setup
+
+
+def _truncate(rel: str, keep: float = 0.5) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        p = Path(fill(rel, ctx))
+        data = p.read_bytes()
+        p.write_bytes(data[: int(len(data) * keep)])
+    return setup
+
+
+def _json_edit(rel: str, fn: Callable[[Any], Any]) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        p = Path(fill(rel, ctx))
+        p.write_text(json.dumps(fn(json.loads(p.read_text()))))
+    return setup
+
+
+def _both(*fns: Callable[[Ctx], None]) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        for f in fns:
+            f(ctx)
+    return setup
+
+
+CASES = [
+    # ---- train: recipe values ----------------------------------------------------------------
+    C("train-epochs-inf", [*TRAIN, "train.epochs=.inf", "~train.max_steps"], 2, "train.epochs", "finite"),
+    C("train-lr-inf", [*TRAIN, "train.lr=1e999"], 2, "train.lr", "finite"),
+    C("train-lr-nan", [*TRAIN, "train.lr=.nan"], 2, "train.lr"),
+    C("train-seed-huge", [*TRAIN, f"train.seed={SEED_HUGE}"], 2, "train.seed"),
+    C("train-seed-negative", [*TRAIN, "train.seed=-1"], 2, "train.seed"),
+    C("train-data-seed-huge", [*TRAIN, "data.seed=99999999999999999999"], 2, "data.seed"),
+    C("train-max-length-over-model", [*TRAIN, "model.max_length=4096"], 2, "model.max_length", "128"),
+    C("train-metric-typo", [*TRAIN, "train.metric=acc"], 2, "train.metric"),
+    C("train-encoding-unknown", [*TRAIN, "data.encoding=klingon"], 2, "data.encoding"),
+    C("train-override-no-equals", [*TRAIN, "train.epochs"], 2, "train.epochs"),
+    C("train-precision-fp16-cpu", [*TRAIN, "train.precision=fp16"], 3, "fp16"),
+    # ---- train: data ---------------------------------------------------------------------------
+    C("train-latin1", [*TRAIN, "data.train={latin1_tsv}"], 2, "latin1.tsv", "byte", "row 3", "data.encoding"),
+    C("train-latin1-eval", [*TRAIN, "data.eval={latin1_tsv}"], 2, "latin1.tsv", "data.encoding"),
+    C("train-json-scalar", [*TRAIN, "data.train={scalar_json}"], 2, "scalar.json"),
+    C("train-json-object", [*TRAIN, "data.train={object_json}"], 2, "object.json"),
+    C("train-parquet-corrupt", [*TRAIN, "data.train={bad_parquet}"], 2, "bad.parquet"),
+    C("train-label-empty", [*TRAIN, "data.train={empty_label_tsv}"], 2, "row 3", "empty_label.tsv"),
+    C("train-label-nan-tsv", [*TRAIN, "data.train={nan_label_tsv}"], 2, "row 3", "nan_label.tsv"),
+    C("train-label-null-jsonl", [*TRAIN, "data.train={null_label_jsonl}"], 2, "row 2", "null_label.jsonl"),
+    C("train-label-nan-jsonl", [*TRAIN, "data.train={nan_label_jsonl}"], 2, "row 2", "nan_label.jsonl"),
+    C("train-label-nan-eval", [*TRAIN, "data.eval={nan_label_tsv}"], 2, "row 3", "nan_label.tsv"),
+    C("train-text-empty", [*TRAIN, "data.train={empty_text_tsv}"], 2, "row 3", "empty_text.tsv"),
+    C("train-text-null", [*TRAIN, "data.train={null_text_jsonl}"], 2, "row 2", "null_text.jsonl"),
+    C("train-text-number", [*TRAIN, "data.train={number_text_jsonl}"], 2, "row 2", "number_text.jsonl"),
+    C("train-sts-gold-nan", ["train", "-r", "simcse_unsup", "model.name={model}", "data.train={sentences_txt}",
+                             "data.eval={sts_nan_tsv}", "train.max_steps=1", "train.batch_size=2",
+                             "output.dir={tmp}/runs", "--device", "cpu", "-q"], 2, "row 3", "sts_nan.tsv"),
+    C("train-sts-gold-inf", ["train", "-r", "simcse_unsup", "model.name={model}", "data.train={sentences_txt}",
+                             "data.eval={sts_inf_tsv}", "train.max_steps=1", "train.batch_size=2",
+                             "output.dir={tmp}/runs", "--device", "cpu", "-q"], 2, "row 3", "sts_inf.tsv"),
+    # ---- train: outputs and run directories ---------------------------------------------------
+    C("train-output-dir-is-file", [*TRAIN, "output.dir={afile}"], 5, "afile"),
+    C("train-output-dir-under-file", [*TRAIN, "output.dir={afile}/sub"], 5, "afile"),
+    C("train-output-dir-read-only", [*TRAIN, "output.dir={ro}/runs"], 5, "ro", "read-only"),
+    C("train-run-recipe-garbage", TRAIN, 2, "recipe.yaml",
+      setup=_both(lambda c: c["partial"], _write("{tmp}/runs/t/recipe.yaml", ": : [garbage\n"))),
+    C("train-run-recipe-scalar", TRAIN, 2, "recipe.yaml",
+      setup=_both(lambda c: c["partial"], _write("{tmp}/runs/t/recipe.yaml", "42\n"))),
+    C("train-no-intact-checkpoint", [*TRAIN], 2, "no intact checkpoint", "checkpoint-2",
+      setup=_both(lambda c: c["partial"], _truncate("{tmp}/runs/t/checkpoint-1/trainer_state.json"),
+                  _truncate("{tmp}/runs/t/checkpoint-2/model/model.safetensors"))),
+    C("train-resume-corrupt", [*TRAIN, "--resume", "{tmp}/runs/t/checkpoint-2"], 2, "checkpoint-2",
+      setup=_both(lambda c: c["partial"], _truncate("{tmp}/runs/t/checkpoint-2/trainer_state.json"))),
+    C("train-resume-missing", [*TRAIN, "--resume", "{tmp}/nope"], 2, "nope"),
+    C("train-unknown-option", [*TRAIN, "--nope"], 2, "--nope"),
+    C("train-no-recipe", ["train", "-q"], 2, "--recipe"),
+    C("train-device-unknown", [*TRAIN, "--device", "tpu"], 2, "tpu"),
+    C("train-seeds-garbage", [*TRAIN, "--seeds", "a-b"], 2, "--seeds"),
+    # ---- eval ---------------------------------------------------------------------------------
+    C("eval-bins-zero", [*EVAL, "--bins", "0"], 2, "--bins"),
+    C("eval-batch-size-zero", [*EVAL, "--batch-size", "0"], 2, "--batch-size"),
+    C("eval-tsne-max-small", [*EVAL, "--tsne-max", "1"], 2, "--tsne-max"),
+    C("eval-out-is-file", [*EVAL, "--out", "{afile}"], 5, "afile"),
+    C("eval-out-under-file", [*EVAL, "--out", "{afile}/x"], 5, "afile"),
+    C("eval-out-read-only", [*EVAL, "--out", "{ro}/ev"], 5, "read-only", left=["{ro}/ev/eval.json"]),
+    C("eval-latin1", [*EVAL, "data.eval={latin1_tsv}"], 2, "latin1.tsv", "data.encoding"),
+    C("eval-json-scalar", [*EVAL, "data.eval={scalar_json}"], 2, "scalar.json"),
+    C("eval-parquet-corrupt", [*EVAL, "data.eval={bad_parquet}"], 2, "bad.parquet"),
+    C("eval-label-nan", [*EVAL, "data.eval={nan_label_tsv}"], 2, "row 3", "nan_label.tsv"),
+    C("eval-text-null", [*EVAL, "data.eval={null_text_jsonl}"], 2, "row 2", "null_text.jsonl"),
+    C("eval-max-length-over-model", [*EVAL, "model.max_length=4096"], 2, "model.max_length"),
+    C("eval-best-safetensors-truncated", EVAL, 2, "model.safetensors",
+      setup=_truncate("{run}/best/model.safetensors")),
+    C("eval-best-config-garbage", EVAL, 2, "config.json", setup=_write("{run}/best/config.json", "{garbage")),
+    C("eval-best-head-spec-garbage", EVAL, 2, "finetune_model.json",
+      setup=_write("{run}/best/finetune_model.json", "[1, 2")),
+    C("eval-run-recipe-garbage", EVAL, 2, "recipe.yaml", setup=_write("{run}/recipe.yaml", "model: [\n")),
+    C("eval-missing-model", ["eval", "{tmp}/nothing", "data.eval={good_tsv}", "-q"], 2, "nothing"),
+    # ---- embed --------------------------------------------------------------------------------
+    C("embed-latin1", [*EMBED, "{latin1_txt}", "-o", "{tmp}/e.npy"], 2, "latin1.txt", "byte", left=["{tmp}/e.npy"]),
+    C("embed-out-under-file", [*EMBED, "{sentences_txt}", "-o", "{afile}/e.npy"], 5, "afile"),
+    C("embed-out-read-only", [*EMBED, "{sentences_txt}", "-o", "{ro}/e.npy"], 5, "read-only", left=["{ro}/e.npy"]),
+    C("embed-out-is-dir", [*EMBED, "{sentences_txt}", "-o", "{adir}"], 5, "adir.npy"),
+    C("embed-json-scalar", [*EMBED, "{scalar_json}", "-o", "{tmp}/e.npy"], 2, "scalar.json"),
+    C("embed-parquet-corrupt", [*EMBED, "{bad_parquet}", "-o", "{tmp}/e.npy"], 2, "bad.parquet"),
+    C("embed-text-null", [*EMBED, "{text_null_jsonl}", "-o", "{tmp}/e.npy"], 2, "row 2", "text_null.jsonl"),
+    C("embed-text-number", [*EMBED, "{text_number_jsonl}", "-o", "{tmp}/e.npy"], 2, "row 2", "text_number.jsonl"),
+    C("embed-batch-size-zero", [*EMBED, "{sentences_txt}", "-o", "{tmp}/e.npy", "--batch-size", "0"], 2,
+      "--batch-size"),
+    C("embed-max-length-over-model", [*EMBED, "{sentences_txt}", "-o", "{tmp}/e.npy", "--max-length", "4096"], 2,
+      "--max-length", "128"),
+    C("embed-model-truncated", [*EMBED, "{sentences_txt}", "-o", "{tmp}/e.npy"], 2, "model.safetensors",
+      setup=_truncate("{run}/best/model.safetensors"), left=["{tmp}/e.npy"]),
+    C("embed-bad-suffix", [*EMBED, "{sentences_txt}", "-o", "{tmp}/e.csv"], 2, "e.csv"),
+    C("embed-input-missing", [*EMBED, "{tmp}/none.txt", "-o", "{tmp}/e.npy"], 2, "none.txt"),
+    # ---- augment ------------------------------------------------------------------------------
+    C("augment-latin1", [*AUG, "-i", "{latin1_tsv}", "-o", "{tmp}/a.tsv"], 2, "latin1.tsv", "byte",
+      left=["{tmp}/a.tsv"]),
+    C("augment-out-under-file", [*AUG, "-i", "{good_tsv}", "-o", "{afile}/a.tsv"], 5, "afile"),
+    C("augment-out-read-only", [*AUG, "-i", "{good_tsv}", "-o", "{ro}/a.tsv"], 5, "read-only", left=["{ro}/a.tsv"]),
+    C("augment-out-is-dir", [*AUG, "-i", "{good_tsv}", "-o", "{tmp}/d.tsv"], 5, "d.tsv",
+      setup=lambda c: (c.tmp / "d.tsv").mkdir()),
+    C("augment-json-scalar", [*AUG, "-i", "{scalar_json}", "-o", "{tmp}/a.jsonl", "-c", "sentence"], 2,
+      "scalar.json"),
+    C("augment-parquet-corrupt", [*AUG, "-i", "{bad_parquet}", "-o", "{tmp}/a.jsonl", "-c", "sentence"], 2,
+      "bad.parquet"),
+    C("augment-text-null", [*AUG, "-i", "{null_text_jsonl}", "-o", "{tmp}/a.jsonl", "-c", "sentence"], 2,
+      "row 2", "null_text.jsonl"),
+    C("augment-prob-out-of-range", ["augment", "--delete-words", "1.5", "-i", "{good_tsv}", "-o", "{tmp}/a.tsv",
+                                    "-q"], 2, "--delete-words"),
+    C("augment-input-missing", [*AUG, "-i", "{tmp}/none.tsv", "-o", "{tmp}/a.tsv"], 2, "none.tsv"),
+    # ---- probe --------------------------------------------------------------------------------
+    C("probe-training-recipe", ["probe", "sequential", "-r", "quickstart", "-q"], 2, "quickstart"),
+    C("probe-epochs-inf", [*PROBE, "train.epochs=.inf"], 2, "train.epochs"),
+    C("probe-seed-huge", [*PROBE, f"train.seed={SEED_HUGE}"], 2, "train.seed"),
+    C("probe-unknown-key", [*PROBE, "probe.sequense=[a]"], 2, "probe.sequense"),
+    C("probe-cycles-zero", ["probe", "retention", "-r", "probe_sequential", "--cycles", "0"], 2, "--cycles"),
+    C("probe-out-under-file", [*PROBE, "output.dir={afile}/x"], 5, "afile"),
+    # ---- report -------------------------------------------------------------------------------
+    C("report-summary-list", REPORT, 2, "summary.json", setup=_write("{run}/summary.json", "[1, 2]\n")),
+    C("report-summary-truncated", REPORT, 2, "summary.json", setup=_truncate("{run}/summary.json")),
+    C("report-recipe-list", REPORT, 2, "recipe.yaml", setup=_write("{run}/recipe.yaml", "- a\n- b\n")),
+    C("report-metric-string", REPORT, 2, "eval_metrics.json", "accuracy",
+      setup=_json_edit("{run}/best/eval_metrics.json", lambda d: {**d, "accuracy": "high"})),
+    C("report-eval-json-shape", REPORT, 2, "eval.json", setup=_write("{run}/eval.json", '{"metrics": [1, 2]}')),
+    C("report-seed-not-integer", REPORT, 2, "seed", setup=_json_edit("{run}/summary.json", lambda d: {**d, "seed": "x"})),
+    C("report-final-eval-shape", REPORT, 2, "summary.json",
+      setup=_both(lambda c: (Path(c["run"]) / "best" / "eval_metrics.json").unlink(),
+                  _json_edit("{run}/summary.json", lambda d: {**d, "final_eval": 3}))),
+    C("report-plot-under-file", ["report", "{run}", "--plot", "{afile}/r.png"], 5, "afile"),
+    C("report-plot-is-dir", ["report", "{run}", "--plot", "{tmp}"], 5, "{tmp}"),
+    C("report-missing-run", ["report", "{tmp}/none"], 2, "none"),
+    C("report-compare-garbage", [*REPORT, "--compare", "a"], 2, "--compare"),
+    # ---- recipes ------------------------------------------------------------------------------
+    C("recipes-validate-scalar", ["recipes", "validate", "{scalar_yaml}"], 2, "scalar.yaml"),
+    C("recipes-validate-latin1", ["recipes", "validate", "{latin1_yaml}"], 2, "latin1.yaml", "UTF-8"),
+    C("recipes-validate-epochs-inf", ["recipes", "validate", "quickstart", "train.epochs=.inf"], 2, "train.epochs"),
+    C("recipes-validate-seed-huge", ["recipes", "validate", "quickstart", f"train.seed={SEED_HUGE}"], 2,
+      "train.seed"),
+    C("recipes-validate-metric", ["recipes", "validate", "quickstart", "train.metric=acc"], 2, "train.metric"),
+    C("recipes-validate-encoding", ["recipes", "validate", "quickstart", "data.encoding=klingon"], 2,
+      "data.encoding"),
+    C("recipes-validate-lr-nan", ["recipes", "validate", "quickstart", "train.lr=.nan"], 2, "train.lr"),
+    C("recipes-validate-dir", ["recipes", "validate", "{tmp}"], 2, "directory"),
+    C("recipes-validate-unknown-option", ["recipes", "validate", "quickstart", "--nope"], 2, "--nope"),
+    C("recipes-show-missing", ["recipes", "show", "nosuch"], 2, "nosuch"),
+]
+
+
+# ---- the run every case copies -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bad-input-run")
+    res = runner.invoke(app, ["train", "-r", "quickstart", f"model.name={tiny_model_dir}", *RUN_OVERRIDES,
+                              f"output.dir={out}", "--device", "cpu", "-q"])
+    assert res.exit_code == 0, res.output
+    run = out / "t"
+    assert (run / "checkpoint-1").is_dir() and (run / "checkpoint-2").is_dir() and (run / "best").is_dir()
+    return run
+
+
+@contextlib.contextmanager
+def read_only_as_root(ctx: Ctx):
+    """Root writes into 0555 folders anyway: then make creating files under ``ro`` fail as a
+    read-only file system would (the tool creates every output through mkstemp/mkdtemp/open)."""
+    if "ro" not in ctx or os.geteuid() != 0:
+        yield
+        return
+    ro = ctx["ro"]
+    real_mkstemp, real_mkdtemp, real_open, real_mkdir = tempfile.mkstemp, tempfile.mkdtemp, os.open, os.mkdir
+
+    def under(p: Any) -> bool:
+        return p is not None and os.path.abspath(os.fspath(p)).startswith(ro)
+
+    def refuse(p: Any):
+        raise OSError(errno.EROFS, "Read-only file system", os.fspath(p))
+
+    def mkstemp(*a, **k):
+        if under(k.get("dir")):
+            refuse(k["dir"])
+        return real_mkstemp(*a, **k)
+
+    def mkdtemp(*a, **k):
+        if under(k.get("dir")):
+            refuse(k["dir"])
+        return real_mkdtemp(*a, **k)
+
+    def os_open(p, flags, *a, **k):
+        if under(p) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            refuse(p)
+        return real_open(p, flags, *a, **k)
+
+    def mkdir(p, *a, **k):
+        if under(p):
+            refuse(p)
+        return real_mkdir(p, *a, **k)
+
+    import builtins
+    real_builtin_open = builtins.open
+
+    def b_open(file, mode="r", *a, **k):
+        if isinstance(file, (str, os.PathLike)) and under(file) and any(c in mode for c in "wax+"):
+            refuse(file)
+        return real_builtin_open(file, mode, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tempfile, "mkstemp", mkstemp)
+        mp.setattr(tempfile, "mkdtemp", mkdtemp)
+        mp.setattr(os, "open", os_open)
+        mp.setattr(os, "mkdir", mkdir)
+        mp.setattr(builtins, "open", b_open)
+        yield
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input(case: Case, tmp_path, tiny_model_dir, finished_run):
+    ctx = Ctx(tmp_path, tiny_model_dir, finished_run)
+    if case.setup is not None:
+        case.setup(ctx)
+    argv = [fill(a, ctx) for a in case.argv]
+    with read_only_as_root(ctx):
+        res = runner.invoke(app, argv)
+    for p in (tmp_path / "ro",):
+        if p.exists():
+            p.chmod(0o755)
+    traceback = res.exception is not None and not isinstance(res.exception, SystemExit)
+    if CENSUS:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        with open(CENSUS, "a") as f:
+            f.write(json.dumps({"id": case.id, "traceback": traceback, "exit_code": res.exit_code,
+                                "exception": type(res.exception).__name__ if traceback else None,
+                                "stderr_lines": len(lines), "last": lines[-1][:200] if lines else ""}) + "\n")
+        return
+    assert not traceback, f"{case.id}: {type(res.exception).__name__}: {res.exception}"
+    assert "Traceback" not in res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], res.stderr
+    if "-q" in argv:  # quiet: nothing but the error line
+        assert len(lines) == 1, res.stderr
+    for e in case.expect:
+        assert fill(e, ctx) in errors[0], (e, errors[0])
+    assert res.exit_code == case.code, (res.exit_code, errors[0])
+    for rel in case.left:
+        assert not Path(fill(rel, ctx)).exists(), rel
+    # writers leave nothing a rerun would trust: no half-written summary or model files
+    for p in tmp_path.rglob("*"):
+        assert not (p.name.endswith(".tmp") or ".tmp." in p.name), p
+
+
+def test_table_size():
+    ids = [c.values[0].id for c in CASES]
+    assert len(ids) == len(set(ids)) and len(ids) >= 60
+    commands = {c.values[0].argv[0] for c in CASES}
+    assert commands == {"train", "eval", "embed", "augment", "probe", "report", "recipes"}
+
+
+def test_outputs_follow_the_umask(tmp_path):
+    from finetune_cli.fsutil import atomic_dir, atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "f.json", "{}")
+        with atomic_dir(tmp_path / "d") as d:
+            (d / "x").write_text("x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
+
+
+def test_token_cache_is_never_unpickled(tmp_path, tiny_model_dir, monkeypatch):
+    """A crafted pickle in place of a cache entry is not executed: it is not a valid .npz of integer
+    arrays, so it is recomputed (and replaced by one)."""
+    import pickle
+
+    from transformers import AutoTokenizer
+
+    from finetune_cli.data import encode as E
+    from finetune_cli.data.sources import Table
+
+    monkeypatch.setenv("FINETUNE_CACHE", str(tmp_path / "cache"))
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    t = Table({"text": ["a cat", "the dog ran"]}, "<t>")
+    first = E.encode_table(t, tok, 16, ("text",), joint=False)
+    (entry,) = list(E.cache_dir().glob("*.npz"))
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    entry.write_bytes(pickle.dumps(Evil()))
+    again = E.encode_table(t, tok, 16, ("text",), joint=False)
+    assert not marker.exists()
+    assert again.views == first.views
+    with np_load(entry) as z:  # rewritten as plain arrays
+        assert all(z[k].dtype.kind in "iu" for k in z.files)
+
+
+def np_load(p):
+    import numpy as np
+
+    return np.load(p, allow_pickle=False)

@@ -1,0 +1,56 @@
+"""Batched inference: original order restored, one host transfer per output, inference mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from finetune_cli.data.encode import EncodedData
+from finetune_cli.engine.inference import forward_all
+from finetune_cli.models.loading import load_text_model
+from finetune_cli.models.text_model import HeadSpec
+
+
+@pytest.fixture
+def model_and_data(tiny_model_dir):
+    model, tok, _ = load_text_model(str(tiny_model_dir), HeadSpec(pooling="mean", num_labels=3))
+    rng = np.random.default_rng(0)
+    rows = [[101, *rng.integers(1000, 2000, rng.integers(0, 20)).tolist(), 102] for _ in range(37)]
+    data = EncodedData([{"input_ids": rows}], None, np.array([len(r) for r in rows]))
+    return model, data, rows
+
+
+def test_forward_all_matches_one_by_one_in_input_order(model_and_data):
+    model, data, rows = model_and_data
+    model.train()
+    out = forward_all(model, data, batch_size=8, pad_id=0, want=("logits", "embeddings"))
+    assert model.training  # mode restored
+    model.eval()
+    with torch.no_grad():
+        for i in (0, 5, 36):
+            ids = torch.tensor([rows[i]])
+            ref = model({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+            np.testing.assert_allclose(out["logits"][i], ref.logits[0].numpy(), atol=1e-5)
+            np.testing.assert_allclose(out["embeddings"][i], ref.embeddings[0].numpy(), atol=1e-5)
+    assert out["logits"].shape == (37, 3) and out["logits"].dtype == np.float32
+
+
+def test_forward_all_transfers_once_per_output_and_runs_in_inference_mode(model_and_data, monkeypatch):
+    model, data, _ = model_and_data
+    real_cpu, calls, modes = torch.Tensor.cpu, {"n": 0}, []
+    real_forward = type(model).forward
+
+    def counting_cpu(self, *a, **k):
+        calls["n"] += 1
+        return real_cpu(self, *a, **k)
+
+    def spy_forward(self, *a, **k):
+        modes.append(torch.is_inference_mode_enabled())
+        return real_forward(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", counting_cpu)
+    monkeypatch.setattr(type(model), "forward", spy_forward)
+    forward_all(model, data, batch_size=4, pad_id=0, want=("logits", "embeddings"))
+    assert len(modes) == 10 and all(modes)  # 37 rows in batches of 4
+    assert calls["n"] == 2  # one per output, not one per batch

@@ -1,0 +1,87 @@
+"""The run-directory lock and the ``--nproc`` relaunch command, without launching any training."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from finetune_cli.engine.launch import torchrun_command, without_nproc
+from finetune_cli.errors import RunDirError
+from finetune_cli.rundir import LOCK, RunLock, check_run_dir
+
+HOLD = "import sys, time; from finetune_cli.rundir import RunLock; RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)"
+
+
+def test_a_held_lock_refuses_with_the_holders_pid_and_a_dead_holders_lock_is_taken_over(tmp_path):
+    run = tmp_path / "run"
+    child = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirError) as e:
+            RunLock(run).acquire()
+        assert f"in use by another finetune run (PID {child.pid} on " in str(e.value) and "\n" not in str(e.value)
+        assert e.value.exit_code == 2
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    lock = RunLock(run).acquire()  # the kernel dropped the dead holder's flock
+    try:
+        assert lock.took_over is not None and lock.took_over.split()[0] == str(child.pid)
+        with pytest.raises(RunDirError, match=f"PID {os.getpid()} "):  # even this process cannot take it twice
+            RunLock(run).acquire()
+    finally:
+        lock.release()
+    RunLock(run).acquire().release()  # released: free again
+
+
+def test_overwrite_keeps_the_lock_and_the_lock_alone_is_an_empty_directory(tmp_path, tiny_recipe):
+    from finetune_cli.pipelines.recipes import load_recipe
+
+    recipe = load_recipe(None, tiny_recipe())
+    run = recipe.run_dir
+    lock = RunLock(run).acquire()
+    try:
+        assert check_run_dir(run, recipe, overwrite=False) is None  # only the lock file: a new run
+        (run / "junk").mkdir()
+        (run / "junk.txt").write_text("x")
+        with pytest.raises(RunDirError, match="holds no finetune run"):
+            check_run_dir(run, recipe, overwrite=False)
+        assert check_run_dir(run, recipe, overwrite=True) is None
+        assert sorted(p.name for p in run.iterdir()) == [LOCK]
+        with pytest.raises(RunDirError, match="in use"):
+            RunLock(run).acquire()
+    finally:
+        lock.release()
+
+
+def test_nproc_relaunch_command():
+    assert without_nproc(["train", "-r", "x", "--nproc", "2", "a=1", "--nproc=3", "--device", "cpu"]) == \
+        ["train", "-r", "x", "a=1", "--device", "cpu"]
+    cmd = torchrun_command(2, ["train", "--nproc", "2", "-r", "x"], "/nonexistent/bin/finetune")
+    assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                       "-m", "finetune_cli", "train", "-r", "x"]
+    import finetune_cli
+
+    main = os.path.join(os.path.dirname(finetune_cli.__file__), "__main__.py")
+    assert torchrun_command(2, ["train"], main)[5:7] == ["-m", "finetune_cli"]
+    assert torchrun_command(2, ["train"], __file__)[5] == __file__  # a script reruns itself
+
+
+def test_stop_requests_agree_and_escalate_only_in_one_process():
+    from finetune_cli.engine.distributed import Processes, StopRequests
+
+    stop = StopRequests(Processes())
+    with stop.installed():
+        assert not stop.agreed()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert stop.agreed()  # a flag, not an exception
+        with pytest.raises(KeyboardInterrupt):  # the second signal stops at once
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+    assert signal.getsignal(signal.SIGTERM) is not stop._handler  # handlers restored
