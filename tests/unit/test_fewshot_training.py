@@ -30,6 +30,15 @@ def _encoder_changes(tiny_model_dir, model_dir) -> list[str]:
     return [k for k in before if not torch.equal(before[k], after[by_suffix[k]])]
 
 
+def _head(model_dir) -> dict[str, torch.Tensor]:
+    """The classification head's tensors: inside the transformers folder for a native head
+    (``classifier.*``), in ``finetune_head.safetensors`` for a pooled one."""
+    extra = model_dir / "finetune_head.safetensors"
+    if extra.is_file():
+        return load_file(str(extra))
+    return {k: v for k, v in load_file(str(model_dir / "model.safetensors")).items() if k.startswith("classifier")}
+
+
 def _losses(run_dir, key="loss") -> list[float]:
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [x[key] for x in lines if key in x]
@@ -44,9 +53,8 @@ def test_freeze_encoder_trains_only_the_head(tiny_recipe, tiny_model_dir, object
     out = _train(tiny_recipe(*common, "train.min_steps=40", "output.name=long"))
     assert out.summary["steps"] == 40
     assert _encoder_changes(tiny_model_dir, out.run_dir / "final") == []
-    head_a = load_file(str(short.run_dir / "final" / "finetune_head.safetensors"))
-    head_b = load_file(str(out.run_dir / "final" / "finetune_head.safetensors"))
-    assert any(not torch.equal(head_a[k], head_b[k]) for k in head_a), "the head did not train"
+    head_a, head_b = _head(short.run_dir / "final"), _head(out.run_dir / "final")
+    assert head_a and any(not torch.equal(head_a[k], head_b[k]) for k in head_a), "the head did not train"
     if loss_key:
         losses = _losses(out.run_dir, loss_key)
         assert losses[-1] < losses[0]
@@ -90,17 +98,25 @@ def test_max_steps_decides_alone(tiny_recipe):
     assert out.summary["steps"] == out.summary["total_steps"] == 3
 
 
-def test_freeze_encoder_freezes_exactly_the_encoder(tiny_model_dir):
+@pytest.mark.parametrize("head", ["native", "pooled"])
+def test_freeze_encoder_freezes_exactly_the_encoder(tiny_model_dir, head):
     from finetune_cli.engine.trainer import freeze_encoder, set_train_mode
     from finetune_cli.models.loading import load_text_model
     from finetune_cli.models.text_model import HeadSpec
 
-    model, _, _ = load_text_model(str(tiny_model_dir), HeadSpec(num_labels=2))
+    model, _, _ = load_text_model(str(tiny_model_dir), HeadSpec(num_labels=2, head=head))
+    classifier = model.hf.classifier if head == "native" else model.classifier
     n = freeze_encoder(model)
     assert n == sum(p.numel() for p in model.encoder.parameters())
-    assert all(p.requires_grad for p in model.classifier.parameters())
+    assert all(p.requires_grad for p in classifier.parameters())
     set_train_mode(model, frozen_encoder=True)
-    assert model.training and model.classifier.training and not model.encoder.training
+    assert model.training and classifier.training and not model.encoder.training
+    assert not any(m.training for m in model.encoder.modules())
+    # under DDP the encoder is `module.encoder`
+    wrapper = torch.nn.ModuleDict({"module": model})
+    wrapper.train()
+    set_train_mode(wrapper, frozen_encoder=True)
+    assert classifier.training and not model.encoder.training
     bare, _, _ = load_text_model(str(tiny_model_dir), HeadSpec(num_labels=0))
     freeze_encoder(bare)  # a model without a head: the trainer refuses it ("nothing to train")
     assert not any(p.requires_grad for p in bare.parameters())
