@@ -6,6 +6,9 @@ Runners (each in its own fresh process, so no runner inherits another's caches o
 - ``hf_grouped``  the Trainer with ``train_sampling_strategy="group_by_length"``: the main peer.
 - ``hf_default``  the Trainer as it comes (random batches).
 - ``bare``        a plain PyTorch loop (random batches, dynamic padding, fused AdamW).
+- ``finetune_bf16`` / ``hf_grouped_bf16``: the two above with bf16 autocast (``train.precision=bf16``;
+  the Trainer's ``bf16=True``), for CPUs with native bf16 (AVX512-BF16/AMX) and GPUs. Not in the
+  default set: each side in the same precision is the like-for-like comparison.
 
 Same model (the embedded all-MiniLM-L6-v2 + a 2-way head), same SST-2 sentences (from
 --data-dir / $FINETUNE_DATA_DIR; synthetic sentences when absent), batch 32, max length 64, one
@@ -64,6 +67,7 @@ import torch  # noqa: E402
 
 BATCH, MAXLEN, LR, WD = 32, 64, 5e-5, 0.01
 RUNNERS = ("finetune", "hf_grouped", "hf_default", "bare")
+BF16_RUNNERS = ("finetune_bf16", "hf_grouped_bf16")
 REF = "hf_grouped"
 
 
@@ -169,7 +173,8 @@ def run_finetune(work: Path, name: str, train_file: Path, model: str, clock: Ste
     return m, tok, False
 
 
-def run_hf(work: Path, sents, labels, model_path: str, clock: StepClock | None, grouped: bool):
+def run_hf(work: Path, sents, labels, model_path: str, clock: StepClock | None, grouped: bool,
+           bf16: bool = False):
     from transformers import (
         AutoModelForSequenceClassification,
         AutoTokenizer,
@@ -189,7 +194,7 @@ def run_hf(work: Path, sents, labels, model_path: str, clock: StepClock | None, 
         output_dir=str(work / "hf"), per_device_train_batch_size=BATCH, num_train_epochs=1, learning_rate=LR,
         weight_decay=WD, report_to="none", save_strategy="no", logging_strategy="no", eval_strategy="no",
         use_cpu=True, max_grad_norm=1.0, seed=0, disable_tqdm=True, optim="adamw_torch_fused",
-        train_sampling_strategy="group_by_length" if grouped else "random")
+        train_sampling_strategy="group_by_length" if grouped else "random", bf16=bf16)
 
     class Tick(TrainerCallback):
         def on_step_end(self, *a, **k):
@@ -241,10 +246,12 @@ def worker(a) -> None:
     os.environ["FINETUNE_CACHE"] = str(tmp / "cache")  # a fresh token cache: finetune tokenises like the others
 
     def once(ss, ys, file, clock, name):
-        if a.worker == "finetune":
-            return run_finetune(tmp, name, file, ft_model, clock, a.ft)
-        if a.worker in ("hf_grouped", "hf_default"):
-            return run_hf(tmp / name, ss, ys, model_path, clock, a.worker == "hf_grouped")
+        if a.worker in ("finetune", "finetune_bf16"):
+            extra = [*a.ft, "train.precision=bf16"] if a.worker == "finetune_bf16" else a.ft
+            return run_finetune(tmp, name, file, ft_model, clock, extra)
+        if a.worker in ("hf_grouped", "hf_default", "hf_grouped_bf16"):
+            return run_hf(tmp / name, ss, ys, model_path, clock, a.worker != "hf_default",
+                          bf16=a.worker == "hf_grouped_bf16")
         return run_bare(ss, ys, model_path, clock)
 
     t0 = time.perf_counter()
@@ -270,13 +277,13 @@ def main() -> None:
     ap.add_argument("--data-dir", default=os.environ.get("FINETUNE_DATA_DIR"))
     ap.add_argument("--n", type=int, default=None, help="training sentences, one epoch (default 4000; proxy 8192)")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--runners", default=",".join(RUNNERS), help=f"comma list of {', '.join(RUNNERS)}")
+    ap.add_argument("--runners", default=",".join(RUNNERS), help=f"comma list of {', '.join(RUNNERS + BF16_RUNNERS)}")
     ap.add_argument("--proxy", action="store_true", help="tiny random BERT, ms/step (per-step overhead)")
     ap.add_argument("--ft", action="append", default=[], metavar="KEY=VALUE",
                     help="extra recipe override for the finetune runner (repeatable)")
     ap.add_argument("--skip", type=int, default=10, help="steps before the ms/step clock starts")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--worker", choices=RUNNERS, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=RUNNERS + BF16_RUNNERS, help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="embedded", help=argparse.SUPPRESS)
     ap.add_argument("--accuracy", type=int, default=1, help=argparse.SUPPRESS)
@@ -343,6 +350,11 @@ def main() -> None:
                 ratios[f"ms_per_step_vs_{peer}"] = med["finetune"]["ms_per_step"] / med[peer]["ms_per_step"]
                 print(f"finetune vs {peer:<20}: {ratios[f'sent_per_s_vs_{peer}']:.2f}x sent/s, "
                       f"{ratios[f'ms_per_step_vs_{peer}']:.2f}x ms/step", file=sys.stderr)
+        if "finetune_bf16" in med and "hf_grouped_bf16" in med:
+            for key in ("sent_per_s", "ms_per_step"):
+                ratios[f"bf16_{key}_vs_hf_grouped_bf16"] = med["finetune_bf16"][key] / med["hf_grouped_bf16"][key]
+            print(f"finetune_bf16 vs hf_grouped_bf16: {ratios['bf16_sent_per_s_vs_hf_grouped_bf16']:.2f}x sent/s, "
+                  f"{ratios['bf16_ms_per_step_vs_hf_grouped_bf16']:.2f}x ms/step", file=sys.stderr)
         if "hf_grouped" in med and med["finetune"]["accuracy"] is not None:
             d = med["finetune"]["accuracy"] - med["hf_grouped"]["accuracy"]
             print(f"equal dev accuracy (±0.01 of hf_grouped): {'yes' if abs(d) <= 0.01 else 'NO'} ({d:+.3f})",
