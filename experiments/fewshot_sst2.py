@@ -298,7 +298,8 @@ def main(argv=None) -> int:
             recipe = load_recipe(recipe_name, study_overrides(args, name, extra, n, train_file, select, label))
             base = base or recipe
             t = recipe.train
-            hyper[label] = {"recipe": recipe_name, "objective": name, **dict(recipe.objective.params),
+            hyper[label] = {"recipe": recipe_name, "head": recipe.model.head, "objective": name,
+                            **dict(recipe.objective.params),
                             "schedule": schedule_text(t)}
             say(f"== N={n} per class · {label} · seeds {args.seeds} ==")
             cost_file = Path(args.out) / f"n{n}" / label / "cost.json"
@@ -391,7 +392,7 @@ def write_results(path: Path, args, cmd, sections, hyper, notes, per_run, wall, 
               ""]
     L += ["# Few-shot SST-2: fine-tuning objectives vs a linear probe and SetFit", "",
           "Made by:", "", "```", f"{cmd}", "```", "",
-          f"- Model: `{args.model}` (all-MiniLM-L6-v2 when `embedded`), mean pooling, max length {args.max_length}.",
+          f"- Model: `{args.model}` (all-MiniLM-L6-v2 when `embedded`), sentence embeddings (contrastive terms, probe) mean-pooled, max length {args.max_length}.",
           f"- Training data: N examples per class from SST-2 train (67,349 sentences), drawn by the run's seed; "
           f"N = {', '.join(f'{n}' for n in rows)}. Every row of one seed trains on the same sample.",
           f"- Selection / test: SST-2 dev (872) split once, stratified, seed {SPLIT_SEED}: "
@@ -400,8 +401,10 @@ def write_results(path: Path, args, cmd, sections, hyper, notes, per_run, wall, 
           f"(as in Gunel et al. 2021, arXiv 2011.01403).",
           f"- Recipes: `--recipes {args.recipes}`; seeds {args.seeds}. Rows:", ""]
     for label, h in hyper.items():
-        params = ", ".join(f"{k}={v}" for k, v in h.items() if k not in ("recipe", "objective", "schedule")) or "defaults"
-        L.append(f"  - `{label}`: recipe `{h['recipe']}`, objective `{h['objective']}` ({params}); {h['schedule']}")
+        params = ", ".join(f"{k}={v}" for k, v in h.items() if k not in ("recipe", "head", "objective", "schedule")) or "defaults"
+        head = {"native": "native head (the architecture's own: pooler on the first token → linear)",
+                "pooled": "pooled head (mean pooling → linear)"}.get(h.get("head"), f"head {h.get('head')}")
+        L.append(f"  - `{label}`: recipe `{h['recipe']}`, {head}, objective `{h['objective']}` ({params}); {h['schedule']}")
     if "probe" in anchors:
         L.append("  - `probe` (anchor): scikit-learn `LogisticRegression()` defaults on the frozen encoder's mean-pooled "
                  "embeddings of the same sample.")
