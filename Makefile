@@ -29,7 +29,7 @@ quickstart: venv
 test: venv
 	$(BIN)/python -m pytest -q tests
 
-# Every README command, as a newcomer would run it (tests/readme_walk.py; ~15 min on 2 idle cores).
+# The README walk alone (also part of `make test`): every README command, as a newcomer would run it.
 test-readme: venv
 	FINETUNE_README_WALK=1 $(BIN)/python -m pytest -q tests/integration/test_readme.py
 

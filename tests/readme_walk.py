@@ -119,7 +119,7 @@ def with_caps(cmd: str) -> str:
         return cmd
     if cmd.startswith("finetune train"):
         caps = list(TRAIN_CAPS)
-        if "few_shot" not in cmd and "max_train_samples" not in cmd:
+        if not re.search(r"few_?shot", cmd) and "max_train_samples" not in cmd:  # few_shot excludes it
             caps.append("data.max_train_samples=64")
         return f"{cmd} {' '.join(caps)}"
     if cmd.startswith("finetune probe"):
