@@ -106,12 +106,15 @@ def ensure_dir(path: str | Path, what: str = "output folder") -> Path:
     return p
 
 
+WRITE_TEST_PREFIX = ".finetune-write-test."
+
+
 def check_writable_dir(path: str | Path, what: str = "output folder") -> Path:
     """``ensure_dir`` plus a real write (a temp file, removed): read-only folders fail here, before
     any work is done, instead of after it."""
     p = ensure_dir(path, what)
     try:
-        fd, tmp = tempfile.mkstemp(dir=p, prefix=".finetune-write-test.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=p, prefix=WRITE_TEST_PREFIX, suffix=".tmp")
     except OSError as e:
         raise output_error(e, p, "write into") from None
     os.close(fd)

@@ -28,6 +28,7 @@ from typing import Any, Optional
 import yaml
 
 from finetune_cli.errors import CorruptCheckpointError, RecipeError, RunDirError
+from finetune_cli.fsutil import WRITE_TEST_PREFIX
 from finetune_cli.recipe import Recipe, build_recipe
 
 RECIPE = "recipe.yaml"
@@ -246,12 +247,17 @@ def read_summary(run_dir: Path) -> Optional[dict[str, Any]]:
     return read_json_object(Path(run_dir) / SUMMARY)
 
 
+def _counts(p: Path) -> bool:
+    """Whether an entry makes a run directory non-empty: not our lock, not a writability probe."""
+    return p.name != LOCK and not p.name.startswith(WRITE_TEST_PREFIX)
+
+
 def check_run_dir(run_dir: Path, recipe: Recipe, overwrite: bool,
                   normalise: Callable[[Recipe], Recipe] = lambda r: r) -> Optional[Recipe]:
     """Return the stored recipe if ``run_dir`` holds this same run (so it resumes), None if the
     directory is new or empty; refuse a different run unless ``overwrite`` (then it is deleted).
     ``normalise`` is applied to the stored recipe before comparing (the caller's full validation)."""
-    if not run_dir.exists() or not any(p.name != LOCK for p in run_dir.iterdir()):
+    if not run_dir.exists() or not any(_counts(p) for p in run_dir.iterdir()):
         return None
     if nothing_trained(run_dir):  # a start that failed before its first step blocks nothing
         (run_dir / RECIPE).unlink(missing_ok=True)

@@ -66,9 +66,11 @@ def _train_locked(recipe: Recipe, ui, procs: Processes, *, device: str, data_dir
                   resume: Optional[str], overwrite: bool, callbacks: Sequence[Callable]) -> TrainOutcome:
     cls = objective_class(recipe)
     run_dir = recipe.run_dir
-    check_writable_dir(run_dir, "output folder")
-    # The main process checks (and with --overwrite clears) the directory; the others wait for it.
-    procs.on_main(lambda: rundir.check_run_dir(run_dir, recipe, overwrite, normalise=registry.validate_recipe))
+    # The main process checks that the directory is writable and holds this run (and with --overwrite
+    # clears it); the others wait. (A write test on another rank raced with that check: its temp file
+    # made the folder look "not empty", or vanished under --overwrite's deletion.)
+    procs.on_main(lambda: (check_writable_dir(run_dir, "output folder"),
+                           rundir.check_run_dir(run_dir, recipe, overwrite, normalise=registry.validate_recipe)))
     summary = rundir.read_summary(run_dir)
     if summary is not None and resume is None:
         ui.log(f"run {run_dir} is already complete (summary.json); pass --overwrite to train again")
