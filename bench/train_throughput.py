@@ -350,15 +350,15 @@ def main() -> None:
                 ratios[f"ms_per_step_vs_{peer}"] = med["finetune"]["ms_per_step"] / med[peer]["ms_per_step"]
                 print(f"finetune vs {peer:<20}: {ratios[f'sent_per_s_vs_{peer}']:.2f}x sent/s, "
                       f"{ratios[f'ms_per_step_vs_{peer}']:.2f}x ms/step", file=sys.stderr)
-        if "finetune_bf16" in med and "hf_grouped_bf16" in med:
-            for key in ("sent_per_s", "ms_per_step"):
-                ratios[f"bf16_{key}_vs_hf_grouped_bf16"] = med["finetune_bf16"][key] / med["hf_grouped_bf16"][key]
-            print(f"finetune_bf16 vs hf_grouped_bf16: {ratios['bf16_sent_per_s_vs_hf_grouped_bf16']:.2f}x sent/s, "
-                  f"{ratios['bf16_ms_per_step_vs_hf_grouped_bf16']:.2f}x ms/step", file=sys.stderr)
         if "hf_grouped" in med and med["finetune"]["accuracy"] is not None:
             d = med["finetune"]["accuracy"] - med["hf_grouped"]["accuracy"]
             print(f"equal dev accuracy (±0.01 of hf_grouped): {'yes' if abs(d) <= 0.01 else 'NO'} ({d:+.3f})",
                   file=sys.stderr)
+    if "finetune_bf16" in med and "hf_grouped_bf16" in med:  # also when only the bf16 pair runs
+        for key in ("sent_per_s", "ms_per_step"):
+            ratios[f"bf16_{key}_vs_hf_grouped_bf16"] = med["finetune_bf16"][key] / med["hf_grouped_bf16"][key]
+        print(f"finetune_bf16 vs hf_grouped_bf16: {ratios['bf16_sent_per_s_vs_hf_grouped_bf16']:.2f}x sent/s, "
+              f"{ratios['bf16_ms_per_step_vs_hf_grouped_bf16']:.2f}x ms/step", file=sys.stderr)
     if a.json:
         print(json.dumps({"source": source, "n": n, "proxy": a.proxy, "ft_overrides": a.ft, "results": results,
                           "medians": med, "ratios": ratios}))

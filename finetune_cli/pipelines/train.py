@@ -69,8 +69,11 @@ def _train_locked(recipe: Recipe, ui, procs: Processes, *, device: str, data_dir
     # The main process checks that the directory is writable and holds this run (and with --overwrite
     # clears it); the others wait. (A write test on another rank raced with that check: its temp file
     # made the folder look "not empty", or vanished under --overwrite's deletion.)
-    procs.on_main(lambda: (check_writable_dir(run_dir, "output folder"),
-                           rundir.check_run_dir(run_dir, recipe, overwrite, normalise=registry.validate_recipe)))
+    def check_output() -> None:
+        check_writable_dir(run_dir, "output folder")
+        rundir.check_run_dir(run_dir, recipe, overwrite, normalise=registry.validate_recipe)
+
+    procs.on_main(check_output)
     summary = rundir.read_summary(run_dir)
     if summary is not None and resume is None:
         ui.log(f"run {run_dir} is already complete (summary.json); pass --overwrite to train again")
