@@ -90,6 +90,7 @@ def test_stop_requests_agree_and_escalate_only_in_one_process():
 def test_another_ranks_write_probe_does_not_make_the_run_dir_look_used(tmp_path):
     """A 2-process start: rank 1's writability probe (a temp file) may exist while the main process
     checks the run directory; it must neither count as content nor block the run."""
+    from finetune_cli.errors import RunDirError
     from finetune_cli.fsutil import WRITE_TEST_PREFIX
     from finetune_cli.pipelines.recipes import load_recipe
     from finetune_cli.rundir import check_run_dir
@@ -100,5 +101,5 @@ def test_another_ranks_write_probe_does_not_make_the_run_dir_look_used(tmp_path)
     recipe = load_recipe("quickstart", [f"output.dir={tmp_path / 'runs'}", "output.name=x"])
     assert check_run_dir(run_dir, recipe, overwrite=False) is None
     (run_dir / "stray.txt").write_text("")  # a real stranger still blocks
-    with pytest.raises(Exception, match="not empty and holds no finetune run"):
+    with pytest.raises(RunDirError, match="not empty and holds no finetune run"):
         check_run_dir(run_dir, recipe, overwrite=False)
