@@ -135,6 +135,11 @@ class TrainConfig:
     log_every: int = field_spec(10, gt=0)
     freeze_encoder: bool = field_spec(False, help="train only the heads on frozen encoder features (a linear probe "
                                                   "trained by the objective; the encoder also runs without dropout)")
+    refit_head: bool = field_spec(False, help="before every evaluation, refit the head's last linear layer to "
+                                  "convergence on the training set's current features (L2 logistic regression, "
+                                  "scikit-learn's C=1), as SetFit and a linear probe fit theirs; training goes on "
+                                  "from it and best/ is chosen with it; single-label classification; costs one "
+                                  "forward pass over the training set per evaluation")
     compile: bool = field_spec(False, help="torch.compile the encoder; batch widths are rounded up to multiples of 16")
     report_to: list[str] = field_spec(default_factory=list, help="experiment trackers fed through accelerate: "
                               "tensorboard, mlflow, trackio, wandb (default: none; metrics.jsonl always)")

@@ -50,6 +50,7 @@ from finetune_cli.engine.distributed import (
     launched_world_size,
     rank_seed,
 )
+from finetune_cli.engine.head_refit import refit_head, refit_target
 from finetune_cli.engine.inference import sharded
 from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, clean_stale_temps
@@ -246,6 +247,11 @@ class Trainer:
         self.total_steps = cfg.max_steps or max(math.ceil(cfg.epochs * self.steps_per_epoch), cfg.min_steps or 0)
         if cfg.freeze_encoder and freeze_encoder(model) == 0:
             raise TrainingError(f"train.freeze_encoder: the model has no `{ENCODER_PREFIX}*` parameters to freeze")
+        if cfg.refit_head:
+            refit_target(model)  # a model with no head to refit fails here, not at the first evaluation
+            if evaluate is None:
+                raise TrainingError("train.refit_head refits the head before each evaluation: give the run an "
+                                    "evaluation set (data.eval_split or data.eval)")
         if not any(p.requires_grad for p in model.parameters()):
             raise TrainingError("nothing to train: train.freeze_encoder is on and the model has no head "
                                 "(use a classification objective)")
@@ -373,9 +379,13 @@ class Trainer:
         if self.evaluate_fn is None:
             return None
         model = self.unwrapped()
+        refit: dict[str, float] = {}
+        if self.cfg.refit_head:  # outside autocast and no_grad: the fit is float64 L-BFGS
+            with sharded(self.procs):
+                refit = refit_head(model, self.train_data, self.cfg.eval_batch_size, self.pad_id, self.procs)
         model.eval()
         with torch.no_grad(), self.acc.autocast(), sharded(self.procs):
-            metrics = self.evaluate_fn(model)
+            metrics = {**self.evaluate_fn(model), **refit}
         set_train_mode(self.model, self.cfg.freeze_encoder)
         # Every rank computed the same numbers from the same gathered outputs; take the main
         # process's anyway, so best-checkpoint and early-stopping decisions cannot diverge.

@@ -296,3 +296,36 @@ def test_sigterm_to_one_rank_stops_all(small_model, tmp_path):
     assert exits[0][0] == exits[1][0] == 130 and exits[0][1] == exits[1][1] >= 3, (exits, res.stderr[-2000:])
     assert (tmp_path / "runs" / "ce" / f"checkpoint-{exits[0][1]}").is_dir()
     _no_process_left(trace)
+
+
+def test_refit_head_on_two_processes_fits_on_the_whole_training_set(small_model, tmp_path):
+    """``train.refit_head`` under 2 processes: each rank encodes half the training set, the halves
+    are gathered, and the saved (native BERT) head is the logistic regression on *all* of it, as one
+    process computes it from the saved encoder."""
+    import numpy as np
+
+    from finetune_cli.data.encode import encode_table
+    from finetune_cli.engine.head_refit import fit_logistic, linear_inputs
+    from finetune_cli.engine.inference import forward_all
+    from finetune_cli.models.loading import load_text_model
+    from finetune_cli.pipelines.common import load_data, objective_class
+    from finetune_cli.pipelines.recipes import load_recipe
+
+    args = _recipe(small_model, tmp_path / "runs", "refit", "train.refit_head=true")
+    res = _torchrun(args, tmp_path / "t")
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = tmp_path / "runs" / "refit"
+    evals = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "eval/accuracy" in x]
+    assert [e["step"] for e in evals] == [3, 6] and all("eval/refit_train_accuracy" in e for e in evals)
+    recipe = load_recipe("quickstart", [a for a in args[2:] if "=" in a])
+    model, tok, _ = load_text_model(str(run / "final"))
+    data = load_data(recipe, objective_class(recipe), None, need_train=True)
+    enc = encode_table(data.train, tok, recipe.model.max_length, ("text",), joint=True)
+    feats = forward_all(model, enc, 16, tok.pad_token_id, want=("features",))["features"]
+    x = linear_inputs(model, torch.as_tensor(feats)).double().numpy()
+    w, b = fit_logistic(x, np.asarray(enc.labels), 2)
+    head = model.hf.classifier
+    for got, ref in ((head.weight, w), (head.bias, b)):  # relative: a random tiny BERT's head is small
+        np.testing.assert_allclose(got.detach().double().numpy(), ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
+    half = fit_logistic(x[: len(x) // 2], np.asarray(enc.labels)[: len(x) // 2], 2)[0]
+    assert np.abs(half - w).max() > 0.05 * np.abs(w).max()  # the check above sees a fit on one rank's half
