@@ -200,7 +200,8 @@ def schedule_text(t) -> str:
              + (f", at least {t.min_steps} steps" if t.min_steps else ""))
     return (f"{steps}, batch {t.batch_size}, lr {t.lr:g} (heads {t.head_lr or t.lr:g}), warm-up {t.warmup_ratio:g}"
             + (", encoder frozen" if t.freeze_encoder else "")
-            + (f", ~{t.min_evals} evaluations" if t.min_evals else ""))
+            + (f", ~{t.min_evals} evaluations" if t.min_evals else "")
+            + (", head refitted (logistic regression) before each evaluation" if t.refit_head else ""))
 
 
 def prune(run_dir: Path, keep: str) -> None:

@@ -39,8 +39,11 @@ def refit_target(model) -> nn.Linear:
         raise TrainingError("train.refit_head: the head is spectrally normalised (r4f); a refit would undo the "
                             "1-Lipschitz constraint")
     if model.hf is not None:
-        from finetune_cli.models.native import final_linear
+        from finetune_cli.models.native import final_linear, head_family
 
+        if head_family(model.hf) is None:
+            raise TrainingError(f"train.refit_head needs to know the classification head of {type(model.hf).__name__}, "
+                                f"which finetune supports for BERT-like and RoBERTa-like models; set model.head=pooled")
         return final_linear(model.hf)
     return model.classifier.out_proj
 

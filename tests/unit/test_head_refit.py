@@ -158,3 +158,23 @@ def test_refit_head_with_r4f_is_refused_in_one_line(tiny_recipe):
     with pytest.raises(TrainingError, match="spectrally normalised"):
         run_train(load_recipe(None, tiny_recipe("objective.name=r4f", "train.refit_head=true", "train.max_steps=2")),
                   UI(quiet=True), device="cpu")
+
+
+def test_linear_inputs_of_a_roberta_head():
+    """RoBERTa's native head is dense -> tanh -> dropout -> out_proj: the refit target is out_proj and
+    its input tanh(dense(h0))."""
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    from finetune_cli.models.text_model import TextModel
+
+    torch.manual_seed(0)
+    cfg = RobertaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=40, num_labels=3)
+    model = TextModel(RobertaForSequenceClassification(cfg), HeadSpec(num_labels=3, head="native"))
+    h0 = torch.randn(5, 16)
+    head = model.hf.classifier
+    assert refit_target(model) is head.out_proj
+    x = linear_inputs(model, h0)
+    torch.testing.assert_close(x, torch.tanh(head.dense(h0)))
+    model.eval()
+    torch.testing.assert_close(head.out_proj(x), model.classify(h0))
