@@ -88,16 +88,16 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, num_labels: int, c: float = REFIT
 def refit_head(model, train_data: EncodedData, batch_size: int, pad_id: int, procs: Any = None) -> dict[str, float]:
     """Replace the head's last linear layer of ``model`` (a ``TextModel``, unwrapped) by the logistic
     regression on the training set's current inputs to it. Call on every rank (the encoding is
-    sharded when ``procs`` is given, see ``inference.sharded``); the main process's fit is
-    broadcast. Returns the fit's training accuracy."""
+    sharded when ``procs`` is given, see ``inference.sharded``); the main process fits and
+    broadcasts the fit. Returns the fit's training accuracy."""
     target = refit_target(model)
     labels = np.asarray(train_data.labels)
     feats = forward_all(model, train_data, batch_size, pad_id, want=("features",))["features"]
     device = target.weight.device
     x = linear_inputs(model, torch.as_tensor(feats, device=device, dtype=target.weight.dtype)).double().cpu().numpy()
-    w, b = fit_logistic(x, labels, model.num_labels)
-    if procs is not None:
-        w, b = procs.broadcast((w, b))
+    # Every rank holds the same gathered inputs; only the main process fits, the others take its fit.
+    fit = fit_logistic(x, labels, model.num_labels) if procs is None or procs.is_main else None
+    w, b = procs.broadcast(fit) if procs is not None else fit
     with torch.no_grad():
         target.weight.copy_(torch.as_tensor(w, dtype=target.weight.dtype))
         target.bias.copy_(torch.as_tensor(b, dtype=target.bias.dtype))

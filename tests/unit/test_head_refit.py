@@ -110,6 +110,20 @@ def test_no_refit_for_other_heads(tiny_model_dir):
             refit_target(model)
 
 
+def _saved_head_and_fit(recipe, run_dir):
+    """``((weight, bias) of the saved pooled head, (W, b) of the logistic regression on the saved
+    encoder's features of the run's training set)``."""
+    from finetune_cli.data.encode import encode_table
+    from finetune_cli.engine.inference import forward_all
+    from finetune_cli.pipelines.common import load_data, objective_class
+
+    model, tok, _ = load_text_model(str(run_dir / "final"))
+    data = load_data(recipe, objective_class(recipe), None, need_train=True)
+    enc = encode_table(data.train, tok, recipe.model.max_length, ("text",), joint=True)
+    x = forward_all(model, enc, 16, tok.pad_token_id, want=("embeddings",))["embeddings"].astype(np.float64)
+    return _wb(model.classifier.out_proj), fit_logistic(x, np.asarray(enc.labels), 2)
+
+
 def _lines(run_dir):
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -117,41 +131,24 @@ def _lines(run_dir):
 def test_a_run_with_refit_head_saves_the_refitted_head(tiny_recipe):
     """The last evaluation (at the last step) refits the head; nothing trains after it, so the saved
     head is the logistic regression on the saved encoder's features of the training set."""
-    from finetune_cli.data.encode import encode_table
-    from finetune_cli.pipelines.common import load_data, objective_class
-
     recipe = load_recipe(None, tiny_recipe("model.head=pooled", "model.pooling=mean", "train.max_steps=6",
                                            "train.min_evals=2", "train.refit_head=true"))
     out = run_train(recipe, UI(quiet=True), device="cpu")
     evals = [x for x in _lines(out.run_dir) if "eval/accuracy" in x]
     assert [x["step"] for x in evals] == [3, 6] and all("eval/refit_train_accuracy" in x for x in evals)
-    model, tok, _ = load_text_model(str(out.run_dir / "final"))
-    data = load_data(recipe, objective_class(recipe), None, need_train=True)
-    enc = encode_table(data.train, tok, recipe.model.max_length, ("text",), joint=True)
-    from finetune_cli.engine.inference import forward_all
-
-    x = forward_all(model, enc, 16, tok.pad_token_id, want=("embeddings",))["embeddings"].astype(np.float64)
-    w, b = fit_logistic(x, np.asarray(enc.labels), 2)
-    _same(_wb(model.classifier.out_proj)[0], w)
-    _same(_wb(model.classifier.out_proj)[1], b)
+    head, (w, b) = _saved_head_and_fit(recipe, out.run_dir)
+    _same(head[0], w)
+    _same(head[1], b)
 
 
 def test_a_run_without_refit_head_does_not_save_that_head(tiny_recipe):
     """The control: the same run without refit_head ends on a head that is not the optimum."""
-    from finetune_cli.data.encode import encode_table
-    from finetune_cli.engine.inference import forward_all
-    from finetune_cli.pipelines.common import load_data, objective_class
-
     recipe = load_recipe(None, tiny_recipe("model.head=pooled", "model.pooling=mean", "train.max_steps=6",
                                            "train.min_evals=2"))
     out = run_train(recipe, UI(quiet=True), device="cpu")
     assert not any("eval/refit_train_accuracy" in x for x in _lines(out.run_dir))
-    model, tok, _ = load_text_model(str(out.run_dir / "final"))
-    data = load_data(recipe, objective_class(recipe), None, need_train=True)
-    enc = encode_table(data.train, tok, recipe.model.max_length, ("text",), joint=True)
-    x = forward_all(model, enc, 16, tok.pad_token_id, want=("embeddings",))["embeddings"].astype(np.float64)
-    w, _ = fit_logistic(x, np.asarray(enc.labels), 2)
-    assert np.abs(_wb(model.classifier.out_proj)[0] - w).max() > 0.05 * np.abs(w).max()
+    head, (w, _) = _saved_head_and_fit(recipe, out.run_dir)
+    assert np.abs(head[0] - w).max() > 0.05 * np.abs(w).max()
 
 
 def test_refit_head_with_r4f_is_refused_in_one_line(tiny_recipe):
