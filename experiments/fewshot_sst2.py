@@ -299,7 +299,8 @@ def main(argv=None) -> int:
             recipe = load_recipe(recipe_name, study_overrides(args, name, extra, n, train_file, select, label))
             base = base or recipe
             t = recipe.train
-            hyper[label] = {"recipe": recipe_name, "head": recipe.model.head, "objective": name,
+            head = "pooled_norm" if recipe.model.head == "pooled" and recipe.model.head_normalize else recipe.model.head
+            hyper[label] = {"recipe": recipe_name, "head": head, "objective": name,
                             **dict(recipe.objective.params),
                             "schedule": schedule_text(t)}
             say(f"== N={n} per class · {label} · seeds {args.seeds} ==")
@@ -404,7 +405,8 @@ def write_results(path: Path, args, cmd, sections, hyper, notes, per_run, wall, 
     for label, h in hyper.items():
         params = ", ".join(f"{k}={v}" for k, v in h.items() if k not in ("recipe", "head", "objective", "schedule")) or "defaults"
         head = {"native": "native head (the architecture's own: pooler on the first token → linear)",
-                "pooled": "pooled head (mean pooling → linear)"}.get(h.get("head"), f"head {h.get('head')}")
+                "pooled": "pooled head (mean pooling → linear)",
+                "pooled_norm": "pooled head on the unit sphere (mean pooling → L2-normalise → linear)"}.get(h.get("head"), f"head {h.get('head')}")
         L.append(f"  - `{label}`: recipe `{h['recipe']}`, {head}, objective `{h['objective']}` ({params}); {h['schedule']}")
     if "probe" in anchors:
         L.append("  - `probe` (anchor): scikit-learn `LogisticRegression()` defaults on the frozen encoder's mean-pooled "

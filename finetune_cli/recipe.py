@@ -57,6 +57,7 @@ class ModelConfig:
     dropout: Optional[float] = field_spec(None, ge=0.0, lt=1.0, help="encoder dropout (hidden and attention); None = the encoder's own config")
     projection: Optional[bool] = field_spec(None, help="add the projection MLP (SimCSE's cls+MLP, used for the loss only); default: the objective's needs_projection")
     head: str = field_spec("native", choices=("native", "pooled"), help="classifier head: `native` = the architecture's own *ForSequenceClassification head (loads in transformers as is); `pooled` = model.pooling + linear (finetune-only folder)")
+    head_normalize: bool = field_spec(False, help="pooled head only: L2-normalise the pooled embedding before dropout -> linear (the unit-sphere features a contrastive term shapes and SetFit's head reads)")
     problem_type: str = field_spec("auto", choices=("auto", "single_label_classification", "regression", "multi_label_classification"), help="as transformers' config.problem_type; auto: multi-label when data.label_separator is set, regression for a regression GLUE task (glue:stsb), else single-label")
     threshold: float = field_spec(0.5, gt=0.0, lt=1.0, help="multi-label: a label is predicted when its sigmoid probability >= threshold")
 
@@ -454,6 +455,9 @@ def _cross_checks(r: Recipe) -> None:
         raise RecipeError(f"`data.dataset` and `data.train`/`data.eval` in {src} are exclusive; use one")
     if d.few_shot and d.max_train_samples:
         raise RecipeError(f"`data.few_shot` and `data.max_train_samples` in {src} are exclusive; use one")
+    if r.model.head_normalize and r.model.head != "pooled":
+        raise RecipeError(f"`model.head_normalize` in {src} applies to the pooled head only; set model.head=pooled "
+                          f"(the native head is the architecture's own and reads the [CLS] state)")
     _check_trackers(r.train.report_to, src)
     try:
         codecs.lookup(d.encoding)

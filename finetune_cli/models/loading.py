@@ -283,8 +283,9 @@ def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Option
     given = spec is not None
     if spec is None:
         spec = saved or spec_from_config(config)
-    same_head = saved is not None and (saved.num_labels, saved.spectral_norm, saved.head) == (
-        spec.num_labels, spec.spectral_norm, spec.head)
+    # A head trained on normalised inputs is another head: its weights do not carry over.
+    same_head = saved is not None and (saved.num_labels, saved.spectral_norm, saved.head, saved.normalize) == (
+        spec.num_labels, spec.spectral_norm, spec.head, spec.normalize)
     new_head = given and not (same_head or (saved is None and is_sequence_classifier(config)
                                             and spec_from_config(config).num_labels == spec.num_labels))
     model = _build(path, rev, config, spec, new_head=new_head and spec.num_labels > 0)

@@ -13,7 +13,8 @@ Two kinds of classifier (``HeadSpec.head``):
   SCL contrasts, what probes and t-SNE read) are still ``model.pooling`` over the last hidden
   states, and ``features`` (what Core-tuning mixes) are the first-token states the head reads.
 * ``pooled``: ``model.pooling`` → dropout → linear on a bare encoder, a head transformers has no
-  class for (see ``models/loading.py`` for how such folders are kept from loading wrongly).
+  class for (see ``models/loading.py`` for how such folders are kept from loading wrongly); with
+  ``HeadSpec.normalize`` the pooled embedding is L2-normalised before the dropout.
 """
 
 from __future__ import annotations
@@ -55,10 +56,17 @@ def pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor, how: str,
 
 
 class ClassificationHead(nn.Module):
-    """dropout → linear. With ``spectral_norm`` the linear map is 1-Lipschitz (R4F)."""
+    """[L2-normalise →] dropout → linear. With ``spectral_norm`` the linear map is 1-Lipschitz (R4F).
 
-    def __init__(self, hidden: int, num_labels: int, dropout: float, spectral_norm: bool = False):
+    ``normalize`` puts the input on the unit sphere first: the geometry a contrastive term (SCL,
+    Core-tuning, SimCSE) shapes, and what SetFit's logistic-regression head reads from a
+    sentence-transformers body whose last module is ``Normalize``.
+    """
+
+    def __init__(self, hidden: int, num_labels: int, dropout: float, spectral_norm: bool = False,
+                 normalize: bool = False):
         super().__init__()
+        self.normalize = normalize
         self.dropout = nn.Dropout(dropout)
         self.out_proj = nn.Linear(hidden, num_labels)
         self.spectral_norm = spectral_norm
@@ -66,6 +74,8 @@ class ClassificationHead(nn.Module):
             self.out_proj = nn.utils.parametrizations.spectral_norm(self.out_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.normalize:
+            x = nn.functional.normalize(x, dim=-1)
         return self.out_proj(self.dropout(x))
 
 
@@ -112,6 +122,7 @@ class HeadSpec:
     problem_type: str = "single_label_classification"
     head: str = "native"
     threshold: float = 0.5  # multi-label: a label is predicted when its sigmoid >= threshold
+    normalize: bool = False  # pooled head: L2-normalise the pooled embedding before dropout -> linear
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -137,7 +148,8 @@ class TextModel(nn.Module):
         # of a TextModel is never saved as such: ``models/loading.py`` saves ``hf``.)
         self.encoder = backbone.base_model if self.native else backbone
         self.hf = backbone if self.native else None
-        self.classifier = (ClassificationHead(hidden, spec.num_labels, spec.classifier_dropout, spec.spectral_norm)
+        self.classifier = (ClassificationHead(hidden, spec.num_labels, spec.classifier_dropout, spec.spectral_norm,
+                                              spec.normalize)
                            if spec.num_labels > 0 and not self.native else None)
         self.projection = ProjectionHead(hidden) if spec.projection else None
 

@@ -45,6 +45,7 @@ def head_spec(recipe: Recipe, cls, num_labels: int, encoder_dropout: float) -> H
         spectral_norm=cls.spectral_norm_head,
         projection=cls.needs_projection if recipe.model.projection is None else recipe.model.projection,
         problem_type=problem, head=recipe.model.head, threshold=recipe.model.threshold,
+        normalize=recipe.model.head_normalize,
     )
 
 

@@ -304,6 +304,8 @@ CASES = [
     C("recipes-validate-scalar", ["recipes", "validate", "{scalar_yaml}"], 2, "scalar.yaml"),
     C("recipes-validate-latin1", ["recipes", "validate", "{latin1_yaml}"], 2, "latin1.yaml", "UTF-8"),
     C("recipes-validate-epochs-inf", ["recipes", "validate", "quickstart", "train.epochs=.inf"], 2, "train.epochs"),
+    C("recipes-validate-head-normalize-native", ["recipes", "validate", "quickstart", "model.head=native",
+                                                 "model.head_normalize=true"], 2, "model.head_normalize", "pooled"),
     C("recipes-validate-seed-huge", ["recipes", "validate", "quickstart", f"train.seed={SEED_HUGE}"], 2,
       "train.seed"),
     C("recipes-validate-metric", ["recipes", "validate", "quickstart", "train.metric=acc"], 2, "train.metric"),

@@ -169,3 +169,17 @@ def test_data_paths_resolve_against_the_data_dir(tmp_path, monkeypatch):
     assert resolve_path("data:STS-B/dev.tsv") == tmp_path / "d" / "STS-B" / "dev.tsv"
     assert resolve_path("rel/x.tsv") == Path("rel/x.tsv")  # plain relative paths: the current directory
     assert load_recipe("simcse_unsup").data.train.startswith("data:")
+
+
+def test_every_extra_the_docs_install_exists():
+    """`pip install -e ".[bench]"` in the README failed: the extra was never defined."""
+    import re
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    root = Path(__file__).resolve().parents[2]
+    extras = set(tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    named = set()
+    for doc in [root / "README.md", *(root / "docs").glob("*.md"), *(root / "experiments").glob("*.py")]:
+        for group in re.findall(r'\.\[([A-Za-z0-9_,-]+)\]"', doc.read_text(encoding="utf-8")):
+            named.update(group.split(","))
+    assert named and named <= extras, f"extras named in the docs but not in pyproject.toml: {named - extras}"
