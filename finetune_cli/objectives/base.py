@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Optional
 
+import torch
 from torch import nn
 
 
@@ -64,3 +65,9 @@ def check_range(name: str, value: float, *, gt: Optional[float] = None, ge: Opti
         raise ValueError(f"{name} must be < {lt}, got {value}")
     if le is not None and not value <= le:
         raise ValueError(f"{name} must be <= {le}, got {value}")
+
+
+def repeat_rows(features: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
+    """The tokenised batch stacked ``k`` times (rows ``i, n+i, 2n+i …`` are the same text). Encoded in
+    one forward pass in training mode, each copy gets its own dropout masks: SimCSE's augmentation."""
+    return {name: torch.cat([v] * k, dim=0) for name, v in features.items()}

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from finetune_cli.objectives._dist import gather_no_grad, gather_with_grad
-from finetune_cli.objectives.base import Objective, check_range
+from finetune_cli.objectives.base import Objective, check_range, repeat_rows
 from finetune_cli.objectives.ce import cross_entropy
 from finetune_cli.objectives.registry import register
 
@@ -70,12 +70,19 @@ class SupervisedContrastive(Objective):
             best setting on full data).
         lam: λ in [0, 1], weight of the contrastive term. Default 0.9 (the paper's best on full
             data). λ = 1 trains no classifier (CE weight 0): evaluation would be of an untrained head.
+        views: how many times each example is encoded per step, each copy with its own dropout
+            masks; every copy is an anchor and a positive of the others of its class (the
+            multi-view form of Khosla et al. 2020, eq. 2, with SimCSE's dropout as the
+            augmentation), and CE is the mean over all copies. Default 1 = the paper (Gunel et
+            al. contrast the batch as it is); ``views: 2`` is a departure, for few-shot data where
+            a class's positives are the same few sentences at every step. Costs ``views`` times
+            the forward and backward compute.
 
     Inputs: ``text`` (and optional ``text_pair``) with a class ``label``; at least 2 classes.
     Batches come from the ``class_balanced`` sampler, so every anchor has a positive in its batch
     (the paper's few-shot setting, 20–100 examples, leaves anchors alone in random batches).
 
-    Relations: λ = 0 is ``ce``. ``core_tuning`` adds a focal weight to the same contrastive term,
+    Relations: λ = 0 is ``ce`` (with ``views`` > 1: CE on dropout-noised copies). ``core_tuning`` adds a focal weight to the same contrastive term,
     trains it on mixed hard pairs and puts it on a projection head. ``simcse_sup`` contrasts
     entailment pairs instead of classes.
     """
@@ -83,15 +90,20 @@ class SupervisedContrastive(Objective):
     sampler = "class_balanced"
     parts = ("ce", "scl")
 
-    def __init__(self, tau: float = 0.3, lam: float = 0.9):
+    def __init__(self, tau: float = 0.3, lam: float = 0.9, views: int = 1):
         super().__init__()
         check_range("tau", tau, gt=0.0)
         check_range("lam", lam, ge=0.0, le=1.0)
-        self.tau, self.lam = tau, lam
+        if isinstance(views, bool) or not isinstance(views, int):
+            raise ValueError(f"views must be an integer, got {views!r}")
+        check_range("views", views, ge=1, le=8)
+        self.tau, self.lam, self.views = tau, lam, views
 
     def forward(self, model, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        out = model(batch["features"][0])
-        labels = batch["labels"]
+        f, labels = batch["features"][0], batch["labels"]
+        if self.views > 1:
+            f, labels = repeat_rows(f, self.views), labels.repeat(self.views)
+        out = model(f)
         ce = cross_entropy(out.logits, labels)
         z = F.normalize(out.embeddings.float(), dim=-1)
         scl = supervised_contrastive_loss(gather_with_grad(z), gather_no_grad(labels), self.tau)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from finetune_cli.objectives._dist import gather_no_grad, gather_with_grad
-from finetune_cli.objectives.base import Objective, check_range
+from finetune_cli.objectives.base import Objective, check_range, repeat_rows
 from finetune_cli.objectives.registry import register
 
 _P = 1_000_003
@@ -76,10 +76,6 @@ def _vec(out) -> torch.Tensor:
     return out.projection if out.projection is not None else out.embeddings
 
 
-def _double(f: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: torch.cat([v, v], dim=0) for k, v in f.items()}
-
-
 @register("simcse_unsup")
 class SimCSEUnsup(Objective):
     r"""Unsupervised SimCSE: a sentence is its own positive under a different dropout mask.
@@ -119,7 +115,7 @@ class SimCSEUnsup(Objective):
     def forward(self, model, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         f = batch["features"][0]
         n = f["input_ids"].shape[0]
-        z = _vec(model(_double(f)))
+        z = _vec(model(repeat_rows(f, 2)))
         z1, z2 = gather_with_grad(z[:n]), gather_with_grad(z[n:])
         mask = None
         if self.mask_duplicates:

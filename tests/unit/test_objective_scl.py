@@ -142,6 +142,45 @@ def test_objective_uses_normalised_pooled_embeddings(tiny_model_dir):
     assert out["scl"].item() == pytest.approx(expected, rel=1e-5)
 
 
+def test_two_views_without_dropout_are_the_batch_twice(tiny_model_dir):
+    """No dropout: both copies of an example are the same vector, so the SCL term is the reference
+    loop on the duplicated set (each anchor gains its copy as a positive) and CE is CE of one copy."""
+    model, batch = _real_batch(tiny_model_dir)
+    model.eval()
+    labels = batch["labels"]
+    out = build("scl", {"tau": 0.3, "lam": 0.5, "views": 2})(model, batch)
+    with torch.no_grad():
+        one = model(batch["features"][0])
+    z = F.normalize(one.embeddings, dim=-1).double()
+    ref = reference_scl(torch.cat([z, z]).tolist(), labels.tolist() * 2, 0.3)
+    assert out["scl"].item() == pytest.approx(ref, rel=1e-5)
+    assert out["ce"].item() == pytest.approx(F.cross_entropy(one.logits, labels).item(), rel=1e-5)
+    single = build("scl", {"tau": 0.3, "lam": 0.5})(model, batch)
+    assert abs(out["scl"].item() - single["scl"].item()) > 1e-3  # the copies change the term
+
+
+def test_two_views_with_dropout_contrast_the_doubled_forward(tiny_model_dir):
+    """Training mode: one forward of the batch stacked twice, each copy with its own dropout; the
+    loss is the reference on those 2n embeddings and the mean CE over the 2n logits."""
+    from finetune_cli.objectives.base import repeat_rows
+
+    model, batch = _real_batch(tiny_model_dir)
+    model.train()
+    labels = batch["labels"]
+    torch.manual_seed(5)
+    out = build("scl", {"tau": 0.3, "lam": 0.9, "views": 2})(model, batch)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        two = model(repeat_rows(batch["features"][0], 2))
+    n = len(labels)
+    assert not torch.allclose(two.embeddings[:n], two.embeddings[n:])  # dropout made two views
+    z = F.normalize(two.embeddings, dim=-1).double()
+    assert out["scl"].item() == pytest.approx(reference_scl(z.tolist(), labels.tolist() * 2, 0.3), rel=1e-5)
+    assert out["ce"].item() == pytest.approx(F.cross_entropy(two.logits, labels.repeat(2)).item(), rel=1e-5)
+    out["loss"].backward()
+    assert model.encoder.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+
+
 def test_declares_class_balanced_sampler():
     from finetune_cli.data.sampling import SAMPLERS
     from finetune_cli.objectives import registry
@@ -157,6 +196,9 @@ def test_declares_class_balanced_sampler():
     ("objective.lam=1.5", "lam must be <= 1.0"),
     ("objective.lam=-0.01", "lam must be >= 0.0"),
     ("objective.temperature=0.1", "`scl` takes tau, lam"),
+    ("objective.views=0", "views must be >= 1"),
+    ("objective.views=1.5", "`objective.views` in scl must be an integer"),
+    ("objective.views=true", "`objective.views` in scl must be an integer"),
 ])
 def test_bad_hyperparameters_fail_at_recipe_validation(override, msg):
     with pytest.raises(RecipeError, match=msg):

@@ -108,13 +108,13 @@ def _tiny(tiny_model_dir, pooling="mean", projection=False):
 def test_doubled_batch_views_differ_with_dropout_and_match_without(tiny_model_dir):
     model, tok = _tiny(tiny_model_dir)
     f = dict(tok(["a first sentence .", "another one here"], padding=True, return_tensors="pt"))
-    from finetune_cli.objectives.simcse import _double
+    from finetune_cli.objectives.base import repeat_rows
 
     model.train()
-    z = model(_double(f)).embeddings
+    z = model(repeat_rows(f, 2)).embeddings
     assert not torch.allclose(z[:2], z[2:])
     model.eval()
-    z = model(_double(f)).embeddings
+    z = model(repeat_rows(f, 2)).embeddings
     assert torch.allclose(z[:2], z[2:], atol=1e-6)
     # the objective: dropout off makes both views identical, so the loss is the loss of z against itself
     loss = SimCSEUnsup(tau=0.05, mask_duplicates=False)(model, {"features": [f]})["loss"]
@@ -124,12 +124,12 @@ def test_doubled_batch_views_differ_with_dropout_and_match_without(tiny_model_di
 
 def test_encoder_dropout_zero_makes_training_views_identical(tiny_model_dir):
     from finetune_cli.models.text_model import set_encoder_dropout
-    from finetune_cli.objectives.simcse import _double
+    from finetune_cli.objectives.base import repeat_rows
 
     model, tok = _tiny(tiny_model_dir)
     set_encoder_dropout(model.encoder, 0.0)
     model.train()
-    z = model(_double(dict(tok(["a first sentence .", "another"], padding=True, return_tensors="pt")))).embeddings
+    z = model(repeat_rows(dict(tok(["a first sentence .", "another"], padding=True, return_tensors="pt")), 2)).embeddings
     assert torch.allclose(z[:2], z[2:], atol=1e-6)
     assert model.encoder.config.hidden_dropout_prob == 0.0
 
