@@ -28,13 +28,14 @@ def _fmt(v: Any) -> str:
     return f"{v:.4f}" if isinstance(v, float) else str(v)
 
 
-def _snippet(kind: str, path: str, problem: str) -> str:
+def _snippet(kind: str, path: str, problem: str, normalize: bool = False) -> str:
     if kind == "embedding":
         return (f"```python\nfrom sentence_transformers import SentenceTransformer\n\n"
                 f"model = SentenceTransformer({path!r})\nemb = model.encode([\"A sentence.\", \"Another one.\"])\n```\n\n"
                 f"or `finetune embed {path} --input sentences.txt --output emb.npy`.\n")
     if kind == "pooled":
-        return ("This head (`model.pooling` + linear) has no transformers class, so the folder is marked with "
+        head = "`model.pooling` → L2-normalise → linear" if normalize else "`model.pooling` + linear"
+        return (f"This head ({head}) has no transformers class, so the folder is marked with "
                 "`model_type: finetune-pooled-classifier` and transformers refuses to load it (rather than "
                 "load it with a random head). Load it with finetune:\n\n"
                 f"```python\nfrom finetune_cli.models import load_text_model\n\n"
@@ -106,7 +107,7 @@ def render_model_card(out: Path, model, info: dict[str, Any]) -> str:
                       f"{info['best_step']} (the run's `best/` folder).", ""]
     else:
         lines += ["No evaluation had run when this folder was written.", ""]
-    lines += ["## Use it", "", _snippet(kind, path, spec.problem_type)]
+    lines += ["## Use it", "", _snippet(kind, path, spec.problem_type, spec.normalize)]
     return "\n".join(lines)
 
 

@@ -99,6 +99,7 @@ def test_a_run_with_refit_saves_the_fit_on_unit_vectors(tiny_recipe):
     out = run_train(recipe, UI(quiet=True), device="cpu")
     model, tok, _ = load_text_model(str(out.run_dir / "final"))
     assert model.spec.normalize
+    assert "L2-normalise" in (out.run_dir / "final" / "README.md").read_text()  # the model card says so
     data = load_data(recipe, objective_class(recipe), None, need_train=True)
     enc = encode_table(data.train, tok, recipe.model.max_length, ("text",), joint=True)
     x = forward_all(model, enc, 16, tok.pad_token_id, want=("embeddings",))["embeddings"].astype(np.float64)
