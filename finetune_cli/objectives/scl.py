@@ -82,8 +82,9 @@ class SupervisedContrastive(Objective):
     Batches come from the ``class_balanced`` sampler, so every anchor has a positive in its batch
     (the paper's few-shot setting, 20–100 examples, leaves anchors alone in random batches).
 
-    Relations: λ = 0 is ``ce`` (with ``views`` > 1: CE on dropout-noised copies). ``core_tuning`` adds a focal weight to the same contrastive term,
-    trains it on mixed hard pairs and puts it on a projection head. ``simcse_sup`` contrasts
+    Relations: λ = 0 is ``ce`` (with ``views`` > 1: CE on dropout-noised copies). ``core_tuning``
+    adds a focal weight to the same contrastive term, trains it on mixed hard pairs and puts it on a
+    projection head. ``simcse_sup`` contrasts
     entailment pairs instead of classes.
     """
 
@@ -94,8 +95,6 @@ class SupervisedContrastive(Objective):
         super().__init__()
         check_range("tau", tau, gt=0.0)
         check_range("lam", lam, ge=0.0, le=1.0)
-        if isinstance(views, bool) or not isinstance(views, int):
-            raise ValueError(f"views must be an integer, got {views!r}")
         check_range("views", views, ge=1, le=8)
         self.tau, self.lam, self.views = tau, lam, views
 

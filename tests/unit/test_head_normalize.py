@@ -3,17 +3,14 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from finetune_cli.engine.head_refit import fit_logistic, linear_inputs, refit_target
+from finetune_cli.engine.head_refit import linear_inputs, refit_target
 from finetune_cli.errors import RecipeError
 from finetune_cli.models.loading import load_text_model, save_text_model
 from finetune_cli.models.text_model import HeadSpec
 from finetune_cli.pipelines.recipes import load_recipe
-from finetune_cli.pipelines.train import run_train
-from finetune_cli.ui import UI
 
 TEXTS = ["a fine film", "dull and long", "yes", "an utterly joyless two hours of nothing"]
 
@@ -86,29 +83,3 @@ def test_head_normalize_needs_the_pooled_head():
         load_recipe("quickstart", ["model.head=native", "model.head_normalize=true"])
     assert load_recipe("quickstart", ["model.head=pooled", "model.head_normalize=true"]).model.head_normalize
 
-
-def test_a_run_with_refit_saves_the_fit_on_unit_vectors(tiny_recipe):
-    """With refit_head the last evaluation (the last step) installs the logistic regression; with
-    head_normalize its inputs are the normalised embeddings of the saved encoder."""
-    from finetune_cli.data.encode import encode_table
-    from finetune_cli.engine.inference import forward_all
-    from finetune_cli.pipelines.common import load_data, objective_class
-
-    recipe = load_recipe(None, tiny_recipe("model.head=pooled", "model.head_normalize=true", "model.pooling=mean",
-                                           "train.max_steps=6", "train.min_evals=2", "train.refit_head=true"))
-    out = run_train(recipe, UI(quiet=True), device="cpu")
-    model, tok, _ = load_text_model(str(out.run_dir / "final"))
-    assert model.spec.normalize
-    assert "L2-normalise" in (out.run_dir / "final" / "README.md").read_text()  # the model card says so
-    data = load_data(recipe, objective_class(recipe), None, need_train=True)
-    enc = encode_table(data.train, tok, recipe.model.max_length, ("text",), joint=True)
-    x = forward_all(model, enc, 16, tok.pad_token_id, want=("embeddings",))["embeddings"].astype(np.float64)
-    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
-    w, b = fit_logistic(unit, np.asarray(enc.labels), 2)
-    lin = model.classifier.out_proj
-    head_w, head_b = lin.weight.detach().double().numpy(), lin.bias.detach().double().numpy()
-    np.testing.assert_allclose(head_w, w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
-    np.testing.assert_allclose(head_b, b, rtol=1e-3, atol=1e-3 * np.abs(b).max() + 1e-6)
-    # and it is not the fit on the raw embeddings (the two differ by more than the tolerance)
-    w_raw, _ = fit_logistic(x, np.asarray(enc.labels), 2)
-    assert np.abs(w_raw - w).max() > 0.05 * np.abs(w).max()

@@ -110,9 +110,9 @@ def test_no_refit_for_other_heads(tiny_model_dir):
             refit_target(model)
 
 
-def _saved_head_and_fit(recipe, run_dir):
-    """``((weight, bias) of the saved pooled head, (W, b) of the logistic regression on the saved
-    encoder's features of the run's training set)``."""
+def _saved_run(recipe, run_dir):
+    """``(saved model, (weight, bias) of its pooled head, its encoder's pooled embeddings of the run's
+    training set in float64, their labels)``."""
     from finetune_cli.data.encode import encode_table
     from finetune_cli.engine.inference import forward_all
     from finetune_cli.pipelines.common import load_data, objective_class
@@ -121,7 +121,7 @@ def _saved_head_and_fit(recipe, run_dir):
     data = load_data(recipe, objective_class(recipe), None, need_train=True)
     enc = encode_table(data.train, tok, recipe.model.max_length, ("text",), joint=True)
     x = forward_all(model, enc, 16, tok.pad_token_id, want=("embeddings",))["embeddings"].astype(np.float64)
-    return _wb(model.classifier.out_proj), fit_logistic(x, np.asarray(enc.labels), 2)
+    return model, _wb(model.classifier.out_proj), x, np.asarray(enc.labels)
 
 
 def _lines(run_dir):
@@ -136,7 +136,8 @@ def test_a_run_with_refit_head_saves_the_refitted_head(tiny_recipe):
     out = run_train(recipe, UI(quiet=True), device="cpu")
     evals = [x for x in _lines(out.run_dir) if "eval/accuracy" in x]
     assert [x["step"] for x in evals] == [3, 6] and all("eval/refit_train_accuracy" in x for x in evals)
-    head, (w, b) = _saved_head_and_fit(recipe, out.run_dir)
+    _, head, x, y = _saved_run(recipe, out.run_dir)
+    w, b = fit_logistic(x, y, 2)
     _same(head[0], w)
     _same(head[1], b)
 
@@ -147,8 +148,26 @@ def test_a_run_without_refit_head_does_not_save_that_head(tiny_recipe):
                                            "train.min_evals=2"))
     out = run_train(recipe, UI(quiet=True), device="cpu")
     assert not any("eval/refit_train_accuracy" in x for x in _lines(out.run_dir))
-    head, (w, _) = _saved_head_and_fit(recipe, out.run_dir)
+    _, head, x, y = _saved_run(recipe, out.run_dir)
+    w, _ = fit_logistic(x, y, 2)
     assert np.abs(head[0] - w).max() > 0.05 * np.abs(w).max()
+
+
+def test_a_run_with_refit_saves_the_fit_on_unit_vectors(tiny_recipe):
+    """With refit_head the last evaluation (the last step) installs the logistic regression; with
+    head_normalize its inputs are the normalised embeddings of the saved encoder."""
+    recipe = load_recipe(None, tiny_recipe("model.head=pooled", "model.head_normalize=true", "model.pooling=mean",
+                                           "train.max_steps=6", "train.min_evals=2", "train.refit_head=true"))
+    out = run_train(recipe, UI(quiet=True), device="cpu")
+    model, head, x, y = _saved_run(recipe, out.run_dir)
+    assert model.spec.normalize
+    assert "L2-normalise" in (out.run_dir / "final" / "README.md").read_text()  # the model card says so
+    w, b = fit_logistic(x / np.linalg.norm(x, axis=1, keepdims=True), y, 2)
+    np.testing.assert_allclose(head[0], w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
+    np.testing.assert_allclose(head[1], b, rtol=1e-3, atol=1e-3 * np.abs(b).max() + 1e-6)
+    # and it is not the fit on the raw embeddings (the two differ by more than the tolerance)
+    w_raw, _ = fit_logistic(x, y, 2)
+    assert np.abs(w_raw - w).max() > 0.05 * np.abs(w).max()
 
 
 def test_refit_head_with_r4f_is_refused_in_one_line(tiny_recipe):
