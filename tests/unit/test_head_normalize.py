@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -83,3 +84,42 @@ def test_head_normalize_needs_the_pooled_head():
         load_recipe("quickstart", ["model.head=native", "model.head_normalize=true"])
     assert load_recipe("quickstart", ["model.head=pooled", "model.head_normalize=true"]).model.head_normalize
 
+
+
+def test_predict_and_eval_cli_use_the_normalised_head(tiny_recipe, quickstart_data, tmp_path):
+    """The CLI on a run with the unit-sphere head: `predict`'s probabilities and `eval`'s accuracy are
+    those of softmax(W · normalise(mean-pool) + b), computed here by hand from the saved folder."""
+    import csv
+    import json
+
+    from typer.testing import CliRunner
+
+    from finetune_cli.cli.main import app
+    from finetune_cli.pipelines.train import run_train
+    from finetune_cli.ui import UI
+
+    out = run_train(load_recipe(None, tiny_recipe("model.head=pooled", "model.head_normalize=true",
+                                                  "train.max_steps=4", "train.eval_every=2")),
+                    UI(quiet=True), device="cpu")
+    rows = list(csv.DictReader(open(quickstart_data["eval"]), delimiter="\t"))
+    model, tok, _ = load_text_model(str(out.run_dir / "best"))
+    model.eval()
+    names = [model.config.id2label[i] for i in sorted(model.config.id2label)]
+    texts = [r["sentence"] for r in rows]
+    with torch.no_grad():
+        batch = tok(texts, padding=True, truncation=True, max_length=32, return_tensors="pt")
+        e = _mean_pool_by_hand(model, batch)
+        lin = model.classifier.out_proj
+        ref = torch.softmax((e / e.norm(dim=1, keepdim=True)) @ lin.weight.T + lin.bias, dim=1).numpy()
+    runner = CliRunner()
+    dst = tmp_path / "p.jsonl"
+    res = runner.invoke(app, ["predict", str(out.run_dir), "-i", quickstart_data["eval"], "-o", str(dst),
+                              "-c", "sentence", "--json", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    got = [json.loads(x) for x in dst.read_text().splitlines()]
+    probs = np.array([[g[f"prob_{n}"] for n in names] for g in got])
+    np.testing.assert_allclose(probs, ref, atol=1e-5)
+    res = runner.invoke(app, ["eval", str(out.run_dir), "--json", "--device", "cpu", "--no-figures"])
+    assert res.exit_code == 0, res.output
+    labels = np.array([names.index(r["label"]) for r in rows])
+    assert json.loads(res.stdout)["metrics"]["accuracy"] == pytest.approx(float((ref.argmax(1) == labels).mean()))
