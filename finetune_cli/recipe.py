@@ -57,6 +57,7 @@ class ModelConfig:
     dropout: Optional[float] = field_spec(None, ge=0.0, lt=1.0, help="encoder dropout (hidden and attention); None = the encoder's own config")
     projection: Optional[bool] = field_spec(None, help="add the projection MLP (SimCSE's cls+MLP, used for the loss only); default: the objective's needs_projection")
     head: str = field_spec("native", choices=("native", "pooled"), help="classifier head: `native` = the architecture's own *ForSequenceClassification head (loads in transformers as is); `pooled` = model.pooling + linear (finetune-only folder)")
+    reinit_layers: int = field_spec(0, ge=0, help="re-initialise the encoder's top k layers (and its pooler) before training, as Zhang et al. 2021 for few-sample BERT; 0 = keep every pre-trained layer")
     head_normalize: bool = field_spec(False, help="pooled head only: L2-normalise the pooled embedding before dropout -> linear (the unit-sphere features a contrastive term shapes and SetFit's head reads)")
     problem_type: str = field_spec("auto", choices=("auto", "single_label_classification", "regression", "multi_label_classification"), help="as transformers' config.problem_type; auto: multi-label when data.label_separator is set, regression for a regression GLUE task (glue:stsb), else single-label")
     threshold: float = field_spec(0.5, gt=0.0, lt=1.0, help="multi-label: a label is predicted when its sigmoid probability >= threshold")

@@ -320,10 +320,11 @@ def load_embedding_model(name: str, revision: Optional[str] = None):
 
 
 def build_text_model(name: str, make_spec, revision: Optional[str] = None, dropout: Optional[float] = None,
-                     before_heads=None):
-    """A fresh model for training: the encoder at ``name`` (its own dropout unless ``dropout``) and
-    new heads from ``make_spec(encoder_hidden_dropout) -> HeadSpec``. ``before_heads()`` runs just
-    before the heads are initialised (the trainer seeds there). Returns ``(TextModel, tokenizer)``."""
+                     before_heads=None, reinit_layers: int = 0):
+    """A fresh model for training: the encoder at ``name`` (its own dropout unless ``dropout``, its
+    top ``reinit_layers`` layers re-initialised) and new heads from ``make_spec(encoder_hidden_dropout)
+    -> HeadSpec``. ``before_heads()`` runs just before the heads (and the re-initialised layers) are
+    initialised (the trainer seeds there). Returns ``(TextModel, tokenizer)``."""
     path, is_local = resolve_model(name)
     rev = None if is_local else revision
     tokenizer = load_tokenizer(path, rev)
@@ -338,9 +339,16 @@ def build_text_model(name: str, make_spec, revision: Optional[str] = None, dropo
         from finetune_cli.models.text_model import set_encoder_dropout
 
         set_encoder_dropout(model.encoder, dropout)
+    if not native and before_heads is not None:
+        before_heads()
+    if reinit_layers:
+        from finetune_cli.models.text_model import reinit_top_layers
+
+        try:
+            reinit_top_layers(model.encoder, reinit_layers)
+        except ValueError as e:
+            raise ModelError(f"model.reinit_layers: {e} ({name})") from None
     if not native:
-        if before_heads is not None:
-            before_heads()
         model = TextModel(model.encoder, spec)  # heads initialised after seeding
     return model, tokenizer
 

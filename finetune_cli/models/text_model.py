@@ -102,6 +102,45 @@ def set_encoder_dropout(encoder: nn.Module, p: float) -> None:
             m.p = p
 
 
+def encoder_layers(encoder: nn.Module) -> nn.ModuleList:
+    """The transformer blocks of an encoder, bottom to top: the longest ``ModuleList`` named
+    ``layer``/``layers`` (BERT/RoBERTa/ELECTRA ``encoder.layer``, DistilBERT ``transformer.layer``)."""
+    found = [m for name, m in encoder.named_modules()
+             if isinstance(m, nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layer", "layers")]
+    if not found:
+        raise ValueError(f"no list of transformer layers found in {type(encoder).__name__}")
+    return max(found, key=len)
+
+
+@torch.no_grad()
+def reinit_top_layers(encoder: nn.Module, k: int) -> None:
+    """Re-initialise the top ``k`` transformer layers (and BERT's pooler, when there is one) with
+    BERT's initialisation: linear weights ~ N(0, initializer_range²), biases 0, LayerNorm 1 and 0.
+
+    Zhang et al. 2021, "Revisiting Few-sample BERT Fine-tuning" (arXiv 2006.05987), section 5.2:
+    the top layers are specialised to the pre-training task; starting them fresh helps few-sample
+    fine-tuning of BERT-large. Uses torch's global RNG (the trainer has seeded it).
+    """
+    if k <= 0:
+        return
+    layers = encoder_layers(encoder)
+    if k > len(layers):
+        raise ValueError(f"reinit_layers {k} exceeds the encoder's {len(layers)} layers")
+    std = float(getattr(encoder.config, "initializer_range", 0.02))
+    modules = [m for layer in layers[len(layers) - k:] for m in layer.modules()]
+    pooler = getattr(encoder, "pooler", None)
+    if isinstance(pooler, nn.Module):
+        modules += list(pooler.modules())
+    for m in modules:
+        if isinstance(m, nn.Linear):
+            m.weight.normal_(0.0, std)
+            if m.bias is not None:
+                m.bias.zero_()
+        elif isinstance(m, nn.LayerNorm):
+            m.weight.fill_(1.0)
+            m.bias.zero_()
+
+
 @dataclass
 class ModelOutput:
     embeddings: torch.Tensor

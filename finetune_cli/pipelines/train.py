@@ -114,7 +114,7 @@ def _train_locked(recipe: Recipe, ui, procs: Processes, *, device: str, data_dir
         model, tokenizer = build_text_model(
             recipe.model.name, lambda enc_dropout: head_spec(recipe, cls, data.num_labels, enc_dropout),
             revision=recipe.model.revision, dropout=recipe.model.dropout,
-            before_heads=lambda: seed_everything(recipe.train.seed))
+            before_heads=lambda: seed_everything(recipe.train.seed), reinit_layers=recipe.model.reinit_layers)
     check_max_length(model, recipe.model.max_length, "model.max_length", recipe.model.name)
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
