@@ -71,3 +71,34 @@ def repeat_rows(features: dict[str, torch.Tensor], k: int) -> dict[str, torch.Te
     """The tokenised batch stacked ``k`` times (rows ``i, n+i, 2n+i …`` are the same text). Encoded in
     one forward pass in training mode, each copy gets its own dropout masks: SimCSE's augmentation."""
     return {name: torch.cat([v] * k, dim=0) for name, v in features.items()}
+
+
+def crop_rows(features: dict[str, torch.Tensor], keep: torch.Tensor, starts: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each row cut to a contiguous span of its text: ``[first] text[s : s+k] [last]``.
+
+    A row's text is the tokens between its first token (``[CLS]``/``<s>``) and its last unmasked
+    one (``[SEP]``/``</s>``); ``keep[i]`` of them are kept from ``starts[i]`` on, then the last
+    token, then masked positions. The width stays the batch's, so a cropped copy stacks with the
+    whole one. Single texts only: a joint pair would lose its separator (the caller checks).
+    """
+    ids, mask = features["input_ids"], features["attention_mask"]
+    n, width = ids.shape
+    lengths = mask.sum(1)
+    j = torch.arange(width, device=ids.device).expand(n, width)
+    k, s = keep.view(-1, 1).to(ids.device), starts.view(-1, 1).to(ids.device)
+    # source position of each output position: 0 -> 0; 1..k -> 1+s..s+k; k+1 -> the last token; after: itself
+    src = torch.where(j == 0, 0, torch.where(j <= k, j + s, torch.where(j == k + 1, lengths.view(-1, 1) - 1, j)))
+    out = {name: v.gather(1, src) if v.dim() == 2 and v.shape == ids.shape else v for name, v in features.items()}
+    out["attention_mask"] = (j <= k + 1).to(mask.dtype)
+    return out
+
+
+def sample_crops(lengths: torch.Tensor, low: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keep, starts)`` for :func:`crop_rows`: row ``i`` keeps ``max(1, round(u·m))`` of its ``m =
+    lengths[i] - 2`` text tokens, ``u ~ U(low, 1)``, from a uniform start (torch's global RNG, so the
+    trainer's seed and resume state govern it)."""
+    m = (lengths - 2).clamp(min=1)
+    u = low + (1.0 - low) * torch.rand(m.shape, device=m.device)
+    keep = torch.minimum((u * m).round().long().clamp(min=1), m)
+    starts = (torch.rand(m.shape, device=m.device) * (m - keep + 1)).floor().long()
+    return keep, starts

@@ -7,8 +7,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from finetune_cli.errors import DataError
 from finetune_cli.objectives._dist import gather_no_grad, gather_with_grad
-from finetune_cli.objectives.base import Objective, check_range, repeat_rows
+from finetune_cli.objectives.base import Objective, check_range, crop_rows, repeat_rows, sample_crops
 from finetune_cli.objectives.ce import cross_entropy
 from finetune_cli.objectives.registry import register
 
@@ -77,6 +78,12 @@ class SupervisedContrastive(Objective):
             al. contrast the batch as it is); ``views: 2`` is a departure, for few-shot data where
             a class's positives are the same few sentences at every step. Costs ``views`` times
             the forward and backward compute.
+        crop: with ``views`` >= 2, the copies after the first are cropped: each keeps a random
+            contiguous span of ``u·m`` of its ``m`` text tokens, ``u ~ U(crop, 1)`` drawn per row
+            and step (the crop augmentation of SimCSE's Table 1 / Wu et al. 2020's CLEAR), so a
+            class's positives include shorter parts of its sentences. Default 1.0 = no cropping
+            (the paper). A departure for few-shot data, where a draw's classes can differ in length
+            and the contrastive term would otherwise learn length. Single texts only.
 
     Inputs: ``text`` (and optional ``text_pair``) with a class ``label``; at least 2 classes.
     Batches come from the ``class_balanced`` sampler, so every anchor has a positive in its batch
@@ -91,20 +98,37 @@ class SupervisedContrastive(Objective):
     sampler = "class_balanced"
     parts = ("ce", "scl")
 
-    def __init__(self, tau: float = 0.3, lam: float = 0.9, views: int = 1):
+    def __init__(self, tau: float = 0.3, lam: float = 0.9, views: int = 1, crop: float = 1.0):
         super().__init__()
         check_range("tau", tau, gt=0.0)
         check_range("lam", lam, ge=0.0, le=1.0)
         check_range("views", views, ge=1, le=8)
-        self.tau, self.lam, self.views = tau, lam, views
+        check_range("crop", crop, gt=0.0, le=1.0)
+        if crop < 1.0 and views < 2:
+            raise ValueError(f"crop {crop} crops the extra views and needs views >= 2, got views {views}")
+        self.tau, self.lam, self.views, self.crop = tau, lam, views, crop
 
     def forward(self, model, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         f, labels = batch["features"][0], batch["labels"]
         if self.views > 1:
-            f, labels = repeat_rows(f, self.views), labels.repeat(self.views)
+            extra = repeat_rows(f, self.views - 1)
+            if self.crop < 1.0:
+                _refuse_pairs(f)
+                extra = crop_rows(extra, *sample_crops(extra["attention_mask"].sum(1), self.crop))
+            f, labels = {k: torch.cat([f[k], extra[k]]) for k in f}, labels.repeat(self.views)
         out = model(f)
         ce = cross_entropy(out.logits, labels)
         z = F.normalize(out.embeddings.float(), dim=-1)
         scl = supervised_contrastive_loss(gather_with_grad(z), gather_no_grad(labels), self.tau)
         loss = (1.0 - self.lam) * ce + self.lam * scl
         return {"loss": loss, "ce": ce.detach(), "scl": scl.detach()}
+
+
+def _refuse_pairs(features: dict[str, torch.Tensor]) -> None:
+    """Cropping cuts one text; a joint pair (two segments, or its closing token seen twice) is refused."""
+    ids, mask = features["input_ids"], features["attention_mask"].bool()
+    last = ids.gather(1, (mask.sum(1) - 1).clamp(min=0).view(-1, 1))
+    tt = features.get("token_type_ids")
+    if bool(((ids == last) & mask).sum(1).gt(1).any()) or (tt is not None and bool((tt * mask).any())):
+        raise DataError("objective.crop of `scl` cuts single texts, and the data gives text pairs "
+                        "(text_pair); set objective.crop=1.0 for a pair task")

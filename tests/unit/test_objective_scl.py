@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from finetune_cli.cli.main import app
+from finetune_cli.errors import DataError
 from finetune_cli.objectives import build
 from finetune_cli.objectives.scl import supervised_contrastive_loss
 from finetune_cli.pipelines.recipes import load_recipe
@@ -181,6 +182,103 @@ def test_two_views_with_dropout_contrast_the_doubled_forward(tiny_model_dir):
     assert model.encoder.embeddings.word_embeddings.weight.grad.abs().sum() > 0
 
 
+def _crop_reference(ids, mask, keep, starts):
+    """Row by row: first token, text[s : s+k], last unmasked token; the rest masked."""
+    out_ids, out_mask = ids.clone(), torch.zeros_like(mask)
+    for i in range(ids.shape[0]):
+        n = int(mask[i].sum())
+        text = ids[i, 1:n - 1].tolist()
+        row = [int(ids[i, 0])] + text[int(starts[i]):int(starts[i]) + int(keep[i])] + [int(ids[i, n - 1])]
+        out_ids[i, :len(row)] = torch.tensor(row)
+        out_mask[i, :len(row)] = 1
+    return out_ids, out_mask
+
+
+def test_crop_rows_matches_loop_reference():
+    from finetune_cli.objectives.base import crop_rows, sample_crops
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([3, 9, 12, 5, 12, 4])
+    ids = torch.randint(5, 100, (6, 12), generator=g)
+    mask = (torch.arange(12) < lengths.view(-1, 1)).long()
+    ids = ids.masked_fill(mask == 0, 0)
+    torch.manual_seed(3)
+    keep, starts = sample_crops(lengths, 0.3)
+    m = lengths - 2
+    assert bool(((keep >= 1) & (keep <= m) & (starts >= 0) & (starts + keep <= m)).all())
+    tt = torch.zeros_like(ids)
+    out = crop_rows({"input_ids": ids, "attention_mask": mask, "token_type_ids": tt}, keep, starts)
+    ref_ids, ref_mask = _crop_reference(ids, mask, keep, starts)
+    assert torch.equal(out["attention_mask"], ref_mask)
+    assert torch.equal(out["input_ids"] * ref_mask, ref_ids * ref_mask)
+    assert torch.equal(out["token_type_ids"], tt)
+
+
+def test_sample_crops_spans_the_range():
+    """u ~ U(low, 1): over many draws the kept share covers [low, 1] and never leaves it."""
+    from finetune_cli.objectives.base import sample_crops
+
+    torch.manual_seed(0)
+    lengths = torch.full((4000,), 102)  # 100 text tokens: keep/100 is u rounded
+    keep, starts = sample_crops(lengths, 0.5)
+    share = keep.float() / 100
+    assert share.min() >= 0.5 and share.max() <= 1.0
+    assert share.min() < 0.52 and share.max() > 0.98 and abs(share.mean().item() - 0.75) < 0.01
+    assert starts.max() > 30 and bool((starts + keep <= 100).all())  # short spans start anywhere
+
+
+def test_cropped_views_are_the_whole_batch_and_its_crops(tiny_model_dir):
+    """views 2, crop 0.5, no dropout: the SCL term is the reference on [whole; cropped] embeddings,
+    the crops drawn from torch's RNG as sample_crops draws them; CE is the mean over both."""
+    from finetune_cli.objectives.base import crop_rows, sample_crops
+
+    model, batch = _real_batch(tiny_model_dir)
+    model.eval()
+    labels, f = batch["labels"], batch["features"][0]
+    torch.manual_seed(11)
+    out = build("scl", {"tau": 0.3, "lam": 0.5, "views": 2, "crop": 0.5})(model, batch)
+    torch.manual_seed(11)
+    cropped = crop_rows(f, *sample_crops(f["attention_mask"].sum(1), 0.5))
+    assert cropped["attention_mask"].sum() < f["attention_mask"].sum()
+    with torch.no_grad():
+        whole, part = model(f), model(cropped)
+    z = F.normalize(torch.cat([whole.embeddings, part.embeddings]), dim=-1).double()
+    assert out["scl"].item() == pytest.approx(reference_scl(z.tolist(), labels.tolist() * 2, 0.3), rel=1e-5)
+    ce = F.cross_entropy(torch.cat([whole.logits, part.logits]), labels.repeat(2)).item()
+    assert out["ce"].item() == pytest.approx(ce, rel=1e-5)
+    plain = build("scl", {"tau": 0.3, "lam": 0.5, "views": 2})(model, batch)
+    assert abs(out["scl"].item() - plain["scl"].item()) > 1e-3  # the crops change the term
+
+
+def test_crop_refuses_text_pairs(tiny_model_dir):
+    from finetune_cli.models import HeadSpec, load_text_model
+
+    model, tok, _ = load_text_model(str(tiny_model_dir), HeadSpec(num_labels=2, head="pooled"))
+    f = dict(tok(["a fine film", "dull"], ["it is", "very dull"], padding=True, return_tensors="pt"))
+    batch = {"features": [f], "labels": torch.tensor([0, 1])}
+    with pytest.raises(DataError, match="objective.crop of `scl` cuts single texts"):
+        build("scl", {"views": 2, "crop": 0.5})(model, batch)
+    f.pop("token_type_ids")  # RoBERTa-style pairs carry no segment ids: the separator seen twice tells
+    with pytest.raises(DataError, match="objective.crop of `scl` cuts single texts"):
+        build("scl", {"views": 2, "crop": 0.5})(model, batch)
+    single = dict(tok(["a fine film", "dull"], padding=True, return_tensors="pt"))  # not refused
+    build("scl", {"views": 2, "crop": 0.5})(model, {"features": [single], "labels": torch.tensor([0, 1])})
+
+
+def test_crop_on_pair_data_is_a_one_line_exit_2(tmp_path, tiny_model_dir):
+    rows = ["sentence\tsentence2\tlabel"] + [f"a good film {i}\tit is fine\tpos\nbad movie {i}\tawful\tneg"
+                                               for i in range(8)]
+    (tmp_path / "p.tsv").write_text("\n".join(rows) + "\n")
+    res = runner.invoke(app, ["train", "-r", "quickstart", f"model.name={tiny_model_dir}", "objective.name=scl",
+                              "objective.views=2", "objective.crop=0.5", f"data.train={tmp_path / 'p.tsv'}",
+                              f"data.eval={tmp_path / 'p.tsv'}", "data.columns.text=sentence",
+                              "data.columns.text_pair=sentence2", "train.max_steps=2",
+                              f"output.dir={tmp_path / 'runs'}", "--device", "cpu", "-q"])
+    assert res.exit_code == 2
+    line = res.stderr.strip().splitlines()
+    assert len(line) == 1 and "objective.crop of `scl` cuts single texts" in line[0]
+
+
 def test_declares_class_balanced_sampler():
     from finetune_cli.data.sampling import SAMPLERS
     from finetune_cli.objectives import registry
@@ -199,6 +297,9 @@ def test_declares_class_balanced_sampler():
     ("objective.views=0", "views must be >= 1"),
     ("objective.views=1.5", "`objective.views` in scl must be an integer"),
     ("objective.views=true", "`objective.views` in scl must be an integer"),
+    ("objective.crop=0", "crop must be > 0.0"),
+    ("objective.crop=1.5", "crop must be <= 1.0"),
+    ("objective.crop=0.5", "needs views >= 2, got views 1"),
 ])
 def test_bad_hyperparameters_fail_at_recipe_validation(override, msg):
     with pytest.raises(RecipeError, match=msg):
