@@ -490,7 +490,12 @@ class Trainer:
     def train(self, resume_from: Optional[Path] = None) -> TrainResult:
         cfg, st = self.cfg, self.state
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        clean_stale_temps(self.run_dir)
+        # The main process alone removes leftovers of interrupted atomic writes, and everyone waits:
+        # a slower rank cleaning here deleted the main's temp file of the metrics log it was just
+        # truncating for the resume (ENOENT at the rename, ~1 resumed 2-process run in 40).
+        if self.is_main:
+            clean_stale_temps(self.run_dir)
+        self.acc.wait_for_everyone()
         if resume_from is not None:
             self.load_checkpoint(resume_from)
             st = self.state

@@ -3,7 +3,7 @@
 Environment knobs (all optional):
 
 - ``TRACE_DIR``: every rank appends what it writes into the run directory (``os.replace`` targets:
-  atomic files and directories; ``shutil.rmtree``) to ``TRACE_DIR/rank<R>.log``, and its exit code
+  atomic files and directories; ``shutil.rmtree``; the trainer's sweep of stale temp files, ``clean``) to ``TRACE_DIR/rank<R>.log``, and its exit code
   and last step to ``TRACE_DIR/rank<R>.exit`` (``top.*`` for a process no launcher started); the tests read them to check that only the main
   process writes, once.
 - ``KILL_AT=<step>``: at the end of that step the main process SIGKILLs the whole job (launcher,
@@ -56,6 +56,14 @@ def _instrument() -> None:
         init(self, *a, **k)
 
     tr.Trainer.__init__ = patched
+
+    clean = tr.clean_stale_temps
+
+    def traced_clean(directory):
+        _log(f"clean {directory}")
+        return clean(directory)
+
+    tr.clean_stale_temps = traced_clean
 
 
 def _family() -> list[int]:
