@@ -492,7 +492,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # The main process alone removes leftovers of interrupted atomic writes, and everyone waits:
         # a slower rank cleaning here deleted the main's temp file of the metrics log it was just
-        # truncating for the resume (ENOENT at the rename, ~1 resumed 2-process run in 40).
+        # truncating for the resume (ENOENT at the rename; a rare flake of the kill-9 resume test).
         if self.is_main:
             clean_stale_temps(self.run_dir)
         self.acc.wait_for_everyone()
