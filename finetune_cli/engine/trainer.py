@@ -493,9 +493,7 @@ class Trainer:
         # The main process alone removes leftovers of interrupted atomic writes, and everyone waits:
         # a slower rank cleaning here deleted the main's temp file of the metrics log it was just
         # truncating for the resume (ENOENT at the rename; a rare flake of the kill-9 resume test).
-        if self.is_main:
-            clean_stale_temps(self.run_dir)
-        self.acc.wait_for_everyone()
+        self.procs.on_main(lambda: clean_stale_temps(self.run_dir))
         if resume_from is not None:
             self.load_checkpoint(resume_from)
             st = self.state
