@@ -67,10 +67,10 @@ class StepClock:
 
 
 def train_finetune(texts: list[str], tmp: Path, clock: StepClock) -> None:
-    try:  # this release; a `finetune@DIR` checkout of an older one has it in finetune_cli.recipe
-        from finetune_cli.pipelines.recipes import load_recipe
+    try:  # this release; a `finetune@DIR` checkout of an older one takes a recipe
+        from finetune_cli.pipelines.recipes import load_plan as load_recipe
     except ImportError:  # pragma: no cover
-        from finetune_cli.recipe import load_recipe
+        from finetune_cli.pipelines.recipes import load_recipe
     from finetune_cli.pipelines.train import run_train
     from finetune_cli.ui import UI
 

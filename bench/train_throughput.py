@@ -155,10 +155,10 @@ def accuracy(model, tok, sents, labels, hf: bool) -> float:
 
 
 def run_finetune(work: Path, name: str, train_file: Path, model: str, clock: StepClock | None, extra: list[str]):
-    try:  # this release; a `finetune@DIR` checkout of an older one has it in finetune_cli.recipe
-        from finetune_cli.pipelines.recipes import load_recipe
+    try:  # this release; a `finetune@DIR` checkout of an older one takes a recipe
+        from finetune_cli.pipelines.recipes import load_plan as load_recipe
     except ImportError:  # pragma: no cover
-        from finetune_cli.recipe import load_recipe
+        from finetune_cli.pipelines.recipes import load_recipe
     from finetune_cli.models.loading import load_text_model
     from finetune_cli.pipelines.train import run_train
     from finetune_cli.ui import UI

@@ -51,11 +51,11 @@ def classification_result(logits_or_proba: np.ndarray, labels: np.ndarray, proba
 
 def seed_data(recipe, seed: int, data_dir: Path):
     """The training sample of ``seed`` exactly as ``finetune train --seeds`` draws it."""
-    from finetune_cli.pipelines.common import load_data, objective_class
-    from finetune_cli.pipelines.multiseed import seed_recipe
+    from finetune_cli.pipelines.common import load_data
+    from finetune_cli.pipelines.multiseed import seed_plan
+    from finetune_cli.pipelines.recipes import plan_for
 
-    r = seed_recipe(recipe, seed)
-    return load_data(r, objective_class(r), data_dir, need_train=True)
+    return load_data(seed_plan(plan_for(recipe), seed), data_dir, need_train=True)
 
 
 def read_labelled(path: Path, label_names: list[str]) -> tuple[list[str], np.ndarray]:

@@ -239,9 +239,9 @@ def main(argv=None) -> int:
 
     from finetune_cli.cli.report_render import fmt_ci, fmt_mean_std, fmt_p
     from finetune_cli.objectives import registry
-    from finetune_cli.pipelines.evaluate import eval_recipe, run_eval
+    from finetune_cli.pipelines.evaluate import eval_plan, run_eval
     from finetune_cli.pipelines.multiseed import parse_seeds, run_seeds
-    from finetune_cli.pipelines.recipes import load_recipe
+    from finetune_cli.pipelines.recipes import load_plan, load_recipe
     from finetune_cli.pipelines.report import build_report
     from finetune_cli.rundir import EVAL as EVAL_FILE
     from finetune_cli.ui import UI
@@ -296,7 +296,8 @@ def main(argv=None) -> int:
         base = None
         for label, name, extra in objectives:
             recipe_name = base_recipe_name(name, args.recipes, label)
-            recipe = load_recipe(recipe_name, study_overrides(args, name, extra, n, train_file, select, label))
+            plan = load_plan(recipe_name, study_overrides(args, name, extra, n, train_file, select, label))
+            recipe = plan.recipe
             base = base or recipe
             t = recipe.train
             head = "pooled_norm" if recipe.model.head == "pooled" and recipe.model.head_normalize else recipe.model.head
@@ -315,12 +316,11 @@ def main(argv=None) -> int:
                 continue
             for seed in done_seeds:
                 t0, c0 = time.perf_counter(), cpu_seconds()
-                (o,) = run_seeds(recipe, [seed], ui, device=args.device)
+                (o,) = run_seeds(plan, [seed], ui, device=args.device)
                 ev_file = o.run_dir / EVAL_FILE
                 done = ev_file.is_file() and json.loads(ev_file.read_text()).get("data") == str(test)
                 if not done:
-                    r = eval_recipe(str(o.run_dir), None, [f"data.eval={test}"])
-                    run_eval(str(o.run_dir), r, ui, device=args.device, figures=not args.no_figures)
+                    run_eval(str(o.run_dir), eval_plan(str(o.run_dir), None, [f"data.eval={test}"]), ui, device=args.device, figures=not args.no_figures)
                 ood_res = fa.run_ood(o.run_dir, ood, recipe) if ood else {}
                 prune(o.run_dir, args.keep)
                 if not (o.already_complete and done and str(seed) in cost):

@@ -21,7 +21,7 @@ import shutil
 import socket
 import struct
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -36,27 +36,22 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 EVAL = "eval.json"  # `finetune eval` of the run on its own evaluation data
 BEST = "best"
+BEST_METRICS = "eval_metrics.json"  # in best/: the evaluation that made it the best
 FINAL = "final"
+FIGURES = "figures"
+CURVES = "curves.png"
 STATE_FILE = "trainer_state.json"
 CHECKPOINT_MODEL = "model"
+CHECKPOINT_RECIPE = RECIPE  # every checkpoint carries the recipe it was written under
 LOCK = ".finetune.lock"
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 _SEED_DIR = re.compile(r"seed-(-?\d+)")
-
-
-def is_run_dir(p: Path) -> bool:
-    """A folder written by ``finetune train`` (a model folder has a config.json instead)."""
-    return (p / RECIPE).is_file() and not (p / "config.json").is_file()
 
 
 def seed_of(run_dir: Path) -> Optional[int]:
     """k for a ``seed-<k>/`` run of ``finetune train --seeds``, else None."""
     m = _SEED_DIR.fullmatch(Path(run_dir).name)
     return int(m.group(1)) if m else None
-
-
-def has_recipe(p: Path) -> bool:
-    return (p / RECIPE).is_file()
 
 
 def expand_run_dirs(paths: Sequence[str]) -> list[Path]:
@@ -66,10 +61,10 @@ def expand_run_dirs(paths: Sequence[str]) -> list[Path]:
         p = Path(s)
         if not p.is_dir():
             raise RunDirError(f"run directory not found: {s}")
-        if has_recipe(p):
+        if (p / RECIPE).is_file():
             out.append(p)
             continue
-        kids = sorted((q for q in p.iterdir() if q.is_dir() and has_recipe(q)),
+        kids = sorted((q for q in p.iterdir() if q.is_dir() and (q / RECIPE).is_file()),
                       key=lambda q: (seed_of(q) is None, seed_of(q) or 0, q.name))
         if not kids:
             raise RunDirError(f"{s} is not a finetune run directory (no recipe.yaml) and holds none")
@@ -166,68 +161,6 @@ def checkpoint_problem(ck: Path, verify: Optional[Callable[[Path], Optional[str]
     return why
 
 
-def intact_checkpoint(run_dir: Path, warn: Callable[[str], None],
-                      verify: Optional[Callable[[Path], Optional[str]]] = None) -> Optional[Path]:
-    """The newest checkpoint of ``run_dir`` that a resume can use; each newer damaged one is named
-    through ``warn``. None when there are no checkpoints; :class:`RunDirError` when there are
-    some but none is intact (a silent restart would throw the run away)."""
-    cks = sorted((p for p in Path(run_dir).glob("checkpoint-*") if checkpoint_step(p) >= 0 and p.is_dir()),
-                 key=checkpoint_step, reverse=True)
-    damaged = []
-    for ck in cks:
-        why = checkpoint_problem(ck, verify)
-        if why is None:
-            for name, w in damaged:
-                warn(f"checkpoint {name} is damaged ({w}); resuming from the older {ck.name}")
-            return ck
-        damaged.append((ck.name, why))
-    if damaged:
-        listed = "; ".join(f"{n}: {w}" for n, w in damaged)
-        raise CorruptCheckpointError(f"no intact checkpoint in {run_dir} to resume from ({listed}); pass "
-                                     f"--overwrite to train from scratch")
-    return None
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
-    return sorted((p for p in Path(run_dir).glob("checkpoint-*") if checkpoint_step(p) >= 0 and is_complete_checkpoint(p)),
-                  key=checkpoint_step)
-
-
-def latest_checkpoint(run_dir: Path) -> Optional[Path]:
-    cks = list_checkpoints(run_dir)
-    return cks[-1] if cks else None
-
-
-def model_dir(run_dir: Path) -> Optional[Path]:
-    """The model a run directory stands for: ``best/``, else ``final/``, else its newest checkpoint."""
-    for sub in (BEST, FINAL):
-        if (run_dir / sub / "config.json").is_file():
-            return run_dir / sub
-    ck = latest_checkpoint(run_dir)
-    return ck / CHECKPOINT_MODEL if ck is not None else None
-
-
-def read_recipe(run_dir: Path) -> Recipe:
-    """The recipe stored in ``run_dir`` (schema-checked; objective parameters as stored)."""
-    f = Path(run_dir) / RECIPE
-    try:
-        data = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise RunDirError(f"{f} cannot be read ({' '.join(str(e).split())[:120]})") from None
-    if not isinstance(data, dict):
-        raise RunDirError(f"{f} is not a recipe (a YAML mapping), got {type(data).__name__}")
-    model = data.get("model")
-    if isinstance(model, dict) and "pooling" in model and "head" not in model:
-        # Written before `model.head` existed (finetune < 0.2, which wrote every key): its
-        # classifier was always model.pooling + linear, so the run resumes with that head.
-        model["head"] = "pooled"
-    try:
-        return build_recipe(data, str(f))
-    except RecipeError as e:
-        raise RunDirError(f"{f} is not a valid recipe for this version: {e}") from None
-
-
 def read_json_object(f: Path) -> Optional[dict[str, Any]]:
     """A JSON object from a run directory, None when the file is absent; one error line when it is
     truncated, not JSON, or not an object."""
@@ -243,62 +176,202 @@ def read_json_object(f: Path) -> Optional[dict[str, Any]]:
     return obj
 
 
-def read_summary(run_dir: Path) -> Optional[dict[str, Any]]:
-    return read_json_object(Path(run_dir) / SUMMARY)
+# ---- the same job, or refuse -------------------------------------------------------------------
+
+def _shown(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def differences(old: Any, new: Any, prefix: str = "", skip: Sequence[str] = ("output",)) -> list[str]:
+    """``key: <old> there, <new> now`` for every leaf that differs between two nested mappings."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        out: list[str] = []
+        for k in [*old, *(k for k in new if k not in old)]:
+            if k not in skip and old.get(k) != new.get(k):
+                out += differences(old.get(k), new.get(k), f"{prefix}.{k}" if prefix else str(k), ())
+        return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b
+                for d in differences(a, b, f"{prefix}[{i}]", ())]
+    return [f"{prefix}: {_shown(old)} there, {_shown(new)} now"]
+
+
+def same_job(folder: Path, stored: Optional[Mapping[str, Any]], job: Mapping[str, Any], *, kind: str,
+             overwrite: bool, remedy: str = "pass --overwrite to replace it") -> bool:
+    """The one rule for an output folder that may hold earlier work (runs, probes, sweeps, augment
+    parts): True when ``stored`` (what the folder says it holds; None: nothing) is ``job``, so the
+    caller resumes; False when there is nothing to resume or ``overwrite`` is set (the caller
+    starts afresh); otherwise a :class:`RunDirError` naming the keys that differ."""
+    if stored is None or overwrite:
+        return False
+    diffs = differences(stored, job)
+    if not diffs:
+        return True
+    more = f"; and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+    raise RunDirError(f"{folder} holds a different {kind} ({'; '.join(diffs[:3])}{more}); {remedy}")
+
+
+# ---- the run folder ----------------------------------------------------------------------------
+
+class RunDir:
+    """A run folder (``runs/<name>/``): where each file lives, its checkpoints, its stored recipe."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    @property
+    def recipe_file(self) -> Path:
+        return self.path / RECIPE
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / METRICS
+
+    @property
+    def summary_file(self) -> Path:
+        return self.path / SUMMARY
+
+    @property
+    def best(self) -> Path:
+        return self.path / BEST
+
+    @property
+    def final(self) -> Path:
+        return self.path / FINAL
+
+    @property
+    def curves(self) -> Path:
+        return self.path / FIGURES / CURVES
+
+    def checkpoint(self, step: int) -> Path:
+        return self.path / f"checkpoint-{step}"
+
+    def is_run(self) -> bool:
+        """A folder written by ``finetune train`` (a model folder has a config.json instead)."""
+        return self.recipe_file.is_file() and not (self.path / "config.json").is_file()
+
+    def is_complete(self) -> bool:
+        return self.summary_file.is_file()
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def checkpoints(self, complete: bool = True) -> list[Path]:
+        """Checkpoint folders, oldest first (only those a resume can use, unless ``complete`` is off)."""
+        found = (p for p in self.path.glob("checkpoint-*") if checkpoint_step(p) >= 0 and p.is_dir())
+        return sorted((p for p in found if not complete or is_complete_checkpoint(p)), key=checkpoint_step)
+
+    def latest_checkpoint(self) -> Optional[Path]:
+        cks = self.checkpoints()
+        return cks[-1] if cks else None
+
+    def last_good_checkpoint(self, before_step: int) -> Optional[Path]:
+        good = [c for c in self.checkpoints() if checkpoint_step(c) < before_step]
+        return good[-1] if good else None
+
+    def prune(self, keep: int, protect: int) -> None:
+        """Delete all but the newest ``keep`` complete checkpoints, never the one of step ``protect``."""
+        for old in self.checkpoints()[:-keep] if keep > 0 else self.checkpoints():
+            if checkpoint_step(old) != protect:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def intact_checkpoint(self, warn: Callable[[str], None],
+                          verify: Optional[Callable[[Path], Optional[str]]] = None) -> Optional[Path]:
+        """The newest checkpoint a resume can use; each newer damaged one is named through ``warn``.
+        None when there are no checkpoints; :class:`CorruptCheckpointError` when there are some but
+        none is intact (a silent restart would throw the run away)."""
+        damaged = []
+        for ck in reversed(self.checkpoints(complete=False)):
+            why = checkpoint_problem(ck, verify)
+            if why is None:
+                for name, w in damaged:
+                    warn(f"checkpoint {name} is damaged ({w}); resuming from the older {ck.name}")
+                return ck
+            damaged.append((ck.name, why))
+        if damaged:
+            listed = "; ".join(f"{n}: {w}" for n, w in damaged)
+            raise CorruptCheckpointError(f"no intact checkpoint in {self.path} to resume from ({listed}); pass "
+                                         f"--overwrite to train from scratch")
+        return None
+
+    def model_dir(self) -> Optional[Path]:
+        """The model the run stands for: ``best/``, else ``final/``, else its newest checkpoint's."""
+        for sub in (self.best, self.final):
+            if (sub / "config.json").is_file():
+                return sub
+        ck = self.latest_checkpoint()
+        return ck / CHECKPOINT_MODEL if ck is not None else None
+
+    # ---- what it holds -------------------------------------------------------------------------
+    def read_recipe(self) -> Recipe:
+        """The recipe stored in the run (schema-checked; objective parameters as stored)."""
+        f = self.recipe_file
+        try:
+            data = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            raise RunDirError(f"{f} cannot be read ({' '.join(str(e).split())[:120]})") from None
+        if not isinstance(data, dict):
+            raise RunDirError(f"{f} is not a recipe (a YAML mapping), got {type(data).__name__}")
+        try:
+            return build_recipe(data, str(f))
+        except RecipeError as e:
+            raise RunDirError(f"{f} is not a valid recipe for this version: {e}") from None
+
+    def read_summary(self) -> Optional[dict[str, Any]]:
+        return read_json_object(self.summary_file)
+
+    def nothing_trained(self) -> bool:
+        """Only a recipe (hidden temp files and the lock aside): a start that failed before training
+        (bad metric, device, data) left it."""
+        return [p.name for p in self.path.iterdir() if not p.name.startswith(".")] == [RECIPE]
+
+    def claim(self, recipe: Recipe, overwrite: bool, normalise: Callable[[Recipe], Recipe] = lambda r: r) -> bool:
+        """True if the folder holds this same run (so it resumes), False if it is new or empty; a
+        different run is refused unless ``overwrite`` (then it is deleted, the lock excepted).
+        ``normalise``: the caller's full validation, applied to the stored recipe before comparing."""
+        d = self.path
+        if not d.exists() or not any(_counts(p) for p in d.iterdir()):
+            return False
+        if self.nothing_trained():  # a start that failed before its first step blocks nothing
+            self.recipe_file.unlink(missing_ok=True)
+            return False
+        if overwrite:
+            # Our own lock must outlive the deletion, or a second run could lock a fresh file while
+            # we still train here.
+            for p in d.iterdir():
+                if p.name != LOCK:
+                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            return False
+        if not self.recipe_file.is_file():
+            raise RunDirError(f"output directory {d} is not empty and holds no finetune run; "
+                              f"choose another output.name or pass --overwrite")
+        try:
+            old = normalise(self.read_recipe())
+        except (RunDirError, RecipeError):
+            raise RunDirError(f"output directory {d} holds a run whose recipe.yaml cannot be read; "
+                              f"pass --overwrite to replace it") from None
+        if old.fingerprint() == recipe.fingerprint():
+            return True
+        return same_job(Path(f"output directory {d}"), _fingerprinted(old), _fingerprinted(recipe), kind="run",
+                        overwrite=False, remedy="pass --overwrite to replace it, or set output.name")
+
+
+def _fingerprinted(r: Recipe) -> dict[str, Any]:
+    """What :meth:`Recipe.fingerprint` hashes, as a tree to name differences in."""
+    d = r.to_dict()
+    d.pop("output", None)
+    d["train"].pop("report_to", None)
+    return d
 
 
 def _counts(p: Path) -> bool:
     """Whether an entry makes a run directory non-empty: not our lock, not a writability probe."""
     return p.name != LOCK and not p.name.startswith(WRITE_TEST_PREFIX)
-
-
-def check_run_dir(run_dir: Path, recipe: Recipe, overwrite: bool,
-                  normalise: Callable[[Recipe], Recipe] = lambda r: r) -> Optional[Recipe]:
-    """Return the stored recipe if ``run_dir`` holds this same run (so it resumes), None if the
-    directory is new or empty; refuse a different run unless ``overwrite`` (then it is deleted).
-    ``normalise`` is applied to the stored recipe before comparing (the caller's full validation)."""
-    if not run_dir.exists() or not any(_counts(p) for p in run_dir.iterdir()):
-        return None
-    if nothing_trained(run_dir):  # a start that failed before its first step blocks nothing
-        (run_dir / RECIPE).unlink(missing_ok=True)
-        return None
-    if overwrite:
-        # Everything but the lock: our own lock must outlive the deletion, or a second run could
-        # take a fresh one while we still train here.
-        for p in run_dir.iterdir():
-            if p.name != LOCK:
-                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        return None
-    if not (run_dir / RECIPE).is_file():
-        raise RunDirError(f"output directory {run_dir} is not empty and holds no finetune run; "
-                          f"choose another output.name or pass --overwrite")
-    try:
-        old = normalise(read_recipe(run_dir))
-    except (RunDirError, RecipeError):
-        raise RunDirError(f"output directory {run_dir} holds a run whose recipe.yaml cannot be read; "
-                          f"pass --overwrite to replace it") from None
-    if old.fingerprint() != recipe.fingerprint():
-        diff = first_difference(old.to_dict(), recipe.to_dict())
-        raise RunDirError(f"output directory {run_dir} holds a different run ({diff}); "
-                          f"pass --overwrite to replace it, or set output.name")
-    return old
-
-
-def nothing_trained(run_dir: Path) -> bool:
-    """True when ``run_dir`` holds a recipe and nothing else a run writes (hidden temp files and the
-    lock aside): a start that failed before training (bad metric, device, data) left it."""
-    entries = [p for p in run_dir.iterdir() if not p.name.startswith(".")]
-    return [p.name for p in entries] == [RECIPE]
-
-
-def first_difference(a: Any, b: Any, prefix: str = "") -> str:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in list(a) + [k for k in b if k not in a]:
-            if k == "output":
-                continue
-            if a.get(k) != b.get(k):
-                return first_difference(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)
-    return f"{prefix}: {a!r} there, {b!r} now"
 
 
 class RunLock:

@@ -42,23 +42,24 @@ def eval_cmd(
     calibration (ECE/MCE) and reliability / t-SNE figures. Embedding model: Spearman/Pearson of cosines
     against gold pair scores, alignment and uniformity."""
     from finetune_cli.metrics.gates import enforce, parse_expectations
-    from finetune_cli.pipelines.evaluate import eval_recipe, run_eval
+    from finetune_cli.metrics.names import CALIBRATION_METRICS
+    from finetune_cli.pipelines.evaluate import eval_plan, run_eval
 
     gates = parse_expectations(expect or [])
-    r = eval_recipe(model, recipe, overrides or [])
+    plan = eval_plan(model, recipe, overrides or [])
     ui = UI(quiet=quiet)
     from finetune_cli.pipelines.similarity import run_eval_similarity, wants_similarity
 
-    if wants_similarity(model, r):  # embedding model: STS metrics
-        res = run_eval_similarity(model, r, ui, device=device, data_dir=data_dir, batch_size=batch_size)
+    if wants_similarity(model, plan):  # embedding model: STS metrics
+        res = run_eval_similarity(model, plan, ui, device=device, data_dir=data_dir, batch_size=batch_size)
         _render_similarity(res, ui, json_out)
         enforce(gates, res.metrics, ui)
         return
     # The run's own evaluation is eval.json (what `report` reads); other data gets its own file.
     name = "eval" if recipe is None or out is not None else f"eval-{Path(recipe).stem}"
-    res = run_eval(model, r, ui, device=device, data_dir=data_dir, batch_size=batch_size, bins=bins,
+    res = run_eval(model, plan, ui, device=device, data_dir=data_dir, batch_size=batch_size, bins=bins,
                    figures=not no_figures, out=out, tsne_max=tsne_max, name=name)
-    gated = {**res.metrics, **{k: res.calibration[k] for k in ("ece", "mce", "nll")
+    gated = {**res.metrics, **{k: res.calibration[k] for k in CALIBRATION_METRICS
                                if res.calibration and res.calibration.get(k) is not None}}
     if json_out:
         emit_json(res.to_dict())
@@ -66,7 +67,7 @@ def eval_cmd(
         return
     t = _metrics_table(res)
     if res.calibration is not None:
-        for k in ("ece", "mce", "nll"):
+        for k in CALIBRATION_METRICS:
             t.add_row(k + (f" ({res.calibration['n_bins']} bins)" if k != "nll" else ""),
                       f"{res.calibration[k]:.4f}")
     ui.print(t)

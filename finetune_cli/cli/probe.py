@@ -36,12 +36,13 @@ def _run(mode: str, recipe: str, overrides, objectives, device, data_dir, overwr
     from pathlib import Path
 
     from finetune_cli.cli.probe_render import markdown_table
+    from finetune_cli.data.probe_tasks import make_protocol
     from finetune_cli.fsutil import atomic_write_text
-    from finetune_cli.pipelines.probe import make_plan, run_probe
+    from finetune_cli.pipelines.probe import run_probe
     from finetune_cli.pipelines.recipes import load_probe_recipe
 
     r = load_probe_recipe(recipe, overrides or [])
-    plan = make_plan(r, mode, **plan_kw)
+    plan = make_protocol(r, mode, **plan_kw)
     ui = UI(quiet=quiet or json_out)
     res = run_probe(r, plan, ui, variants=_split(objectives), device=device, data_dir=data_dir, overwrite=overwrite)
     md = markdown_table(res)

@@ -18,7 +18,7 @@ from finetune_cli.cli.common import (
     emit_json,
     handle_errors,
 )
-from finetune_cli.pipelines.recipes import load_recipe
+from finetune_cli.pipelines.recipes import load_plan
 from finetune_cli.ui import UI
 
 
@@ -44,31 +44,27 @@ def train(
 ) -> None:
     """Fine-tune a model with a recipe: finetune train --recipe recipes/scl.yaml train.epochs=3"""
     from finetune_cli.engine.launch import relaunch, should_relaunch
-    from finetune_cli.metrics.gates import check_known, parse_expectations
+    from finetune_cli.metrics.gates import check_known, enforce_on_run, parse_expectations
     from finetune_cli.pipelines.train import run_train
 
     if should_relaunch(nproc):
         raise typer.Exit(relaunch(nproc, sys.argv[1:], sys.argv[0]))
 
-    r = load_recipe(recipe, overrides or [])
+    plan = load_plan(recipe, overrides or [])
     gates = parse_expectations(expect or [])
-    if gates and hasattr(r, "objective"):
-        from finetune_cli.pipelines.gate_metrics import train_metrics
-
-        known = train_metrics(r)
-        if known:  # fail before training, not after it
-            check_known(gates, known, " in the final evaluation of training")
+    if gates and plan.metrics:  # fail before training, not after it
+        check_known(gates, plan.metrics, " in the final evaluation of training")
     ui = UI(quiet=quiet)
     if seeds is not None:
         from finetune_cli.cli.train_seeds import train_seeds
 
-        return train_seeds(r, seeds, ui, device=device, data_dir=data_dir, resume=resume, overwrite=overwrite,
+        return train_seeds(plan, seeds, ui, device=device, data_dir=data_dir, resume=resume, overwrite=overwrite,
                            json_out=json_out, gates=gates)
-    out = run_train(r, ui, device=device, data_dir=data_dir, resume=resume, overwrite=overwrite)
+    out = run_train(plan, ui, device=device, data_dir=data_dir, resume=resume, overwrite=overwrite)
     s = out.summary
     if json_out:
         emit_json(s)
-        _gate_final(gates, s, ui)
+        enforce_on_run(gates, s, ui)
         return
     from rich.table import Table
 
@@ -80,17 +76,4 @@ def train(
     for k, v in (s.get("final_eval") or {}).items():
         t.add_row(f"final {k}", f"{v:.4f}")
     ui.print(t)
-    _gate_final(gates, s, ui)
-
-
-def _gate_final(gates, summary: dict, ui, where: str = "") -> None:
-    """Check ``--expect`` on the final evaluation of a run."""
-    if not gates:
-        return
-    from finetune_cli.errors import FinetuneError
-    from finetune_cli.metrics.gates import enforce
-
-    final = summary.get("final_eval") or {}
-    if not final:
-        raise FinetuneError(f"--expect: run {summary.get('run_dir')} has no final evaluation (no evaluation data)")
-    enforce(gates, final, ui, where)
+    enforce_on_run(gates, s, ui)

@@ -8,7 +8,7 @@ from finetune_cli.cli.common import emit_json
 from finetune_cli.errors import RunDirError
 
 
-def train_seeds(recipe, seeds: str, ui, *, device: str, data_dir: Optional[str], resume: Optional[str],
+def train_seeds(plan, seeds: str, ui, *, device: str, data_dir: Optional[str], resume: Optional[str],
                 overwrite: bool, json_out: bool, gates=()) -> None:
     from finetune_cli.metrics.stats import mean_std
     from finetune_cli.pipelines.multiseed import parse_seeds, run_seeds
@@ -17,7 +17,7 @@ def train_seeds(recipe, seeds: str, ui, *, device: str, data_dir: Optional[str],
         raise RunDirError("--resume names one checkpoint and cannot be used with --seeds "
                           "(rerunning the command resumes every unfinished seed)")
     seed_list = parse_seeds(seeds)
-    outs = run_seeds(recipe, seed_list, ui, device=device, data_dir=data_dir, overwrite=overwrite)
+    outs = run_seeds(plan, seed_list, ui, device=device, data_dir=data_dir, overwrite=overwrite)
     rows = []
     for seed, o in zip(seed_list, outs, strict=True):
         status = "skipped (complete)" if o.already_complete else ("resumed" if o.resumed_from else "trained")
@@ -29,7 +29,7 @@ def train_seeds(recipe, seeds: str, ui, *, device: str, data_dir: Optional[str],
     from rich.table import Table
 
     metric = next((r["metric"] for r in rows if r.get("metric")), None)
-    t = Table(title=f"{len(rows)} seeds · {recipe.run_dir}")
+    t = Table(title=f"{len(rows)} seeds · {plan.run_dir}")
     for c in ("seed", "status", "run", "steps", "train s", f"best {metric}" if metric else "best"):
         t.add_column(c, justify="right" if c not in ("status", "run") else "left")
     for r in rows:
@@ -47,13 +47,12 @@ def _gate_seeds(gates, outs, seed_list, ui) -> None:
     """``--expect`` holds for every seed's final evaluation; the failures of all seeds on one line."""
     if not gates:
         return
-    from finetune_cli.cli.train import _gate_final
-    from finetune_cli.metrics.gates import GateFailed
+    from finetune_cli.metrics.gates import GateFailed, enforce_on_run
 
     failed = []
     for seed, o in zip(seed_list, outs, strict=True):
         try:
-            _gate_final(gates, o.summary, ui, f" (seed {seed})")
+            enforce_on_run(gates, o.summary, ui, f" (seed {seed})")
         except GateFailed as e:
             failed.append(str(e).removeprefix("quality gate failed"))
     if failed:

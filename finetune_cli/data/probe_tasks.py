@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -15,7 +16,7 @@ from finetune_cli.data import glue
 from finetune_cli.data.tasks import load_task_data, subsample
 from finetune_cli.errors import DataError
 from finetune_cli.fsutil import atomic_write_json, atomic_write_text
-from finetune_cli.recipe import DataConfig, ProbeTask
+from finetune_cli.recipe import DataConfig, ProbeRecipe, ProbeTask, RecipeError, closest
 
 
 def _label_names_for(d: DataConfig) -> Optional[list[str]]:
@@ -87,3 +88,52 @@ def materialize_task(name: str, task: ProbeTask, out: Path, seed: int, data_dir:
             "pair": "text_pair" in train.columns}
     atomic_write_json(meta_file, meta)
     return meta
+
+
+# ---- the protocol: stages and probed tasks ----------------------------------------------------
+
+MODES = ("sequential", "generalization", "retention")
+
+
+@dataclass
+class Protocol:
+    """Which task each stage trains on and which tasks are probed after each stage."""
+
+    mode: str
+    stages: list[str]  # task trained at each stage, in order
+    probed: list[str]  # tasks probed after each stage (matrix columns)
+
+
+def make_protocol(r: ProbeRecipe, mode: str, *, tasks: Optional[list[str]] = None, source: Optional[str] = None,
+                  targets: Optional[list[str]] = None, cycles: Optional[int] = None) -> Protocol:
+    known = list(r.probe.tasks)
+    if not known:
+        raise RecipeError(f"`probe.tasks` in {r.source} is empty; name at least one task")
+
+    def check(names: list[str], what: str) -> list[str]:
+        for n in names:
+            if n not in r.probe.tasks:
+                raise RecipeError(f"unknown task `{n}` in {what}" + closest(n, known).replace("valid keys", "tasks"))
+        return names
+
+    if mode == "sequential":
+        seq = check(list(tasks or r.probe.sequence or known), "the task sequence")
+        if len(seq) < 2:
+            raise RecipeError(f"probe sequential needs at least two tasks; got {len(seq)} ({', '.join(seq)})")
+        return Protocol(mode, seq, list(dict.fromkeys(seq)))
+    if mode == "retention":
+        seq = check(list(tasks or r.probe.sequence or known), "the task sequence")
+        if len(set(seq)) < 2:
+            raise RecipeError(f"probe retention needs at least two distinct tasks; got {', '.join(seq)}")
+        k = cycles or r.probe.cycles
+        return Protocol(mode, seq * k, list(dict.fromkeys(seq)))
+    if mode == "generalization":
+        src = source or r.probe.source or (tasks[0] if tasks else None)
+        if src is None:
+            raise RecipeError("probe generalization needs a source task (--source or probe.source)")
+        check([src], "--source")
+        tg = check(list(targets or r.probe.targets or [t for t in known if t != src]), "--targets")
+        if not tg:
+            raise RecipeError("probe generalization needs at least one target task besides the source")
+        return Protocol(mode, [src], list(dict.fromkeys([src, *tg])))
+    raise RecipeError(f"unknown probe mode `{mode}` (known: {', '.join(MODES)})")

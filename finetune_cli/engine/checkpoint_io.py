@@ -7,10 +7,9 @@ dicts, lists, tuples, numbers, strings, tensors and numpy arrays) is stored as t
 - ``<name>.json``: the structure, with every tensor and array replaced by a reference;
 - ``<name>.safetensors``: the tensors (arrays as tensors, their numpy dtype in the JSON).
 
-Neither format can run code. Checkpoints of finetune 0.1 (``<name>.pt``, written with
-``torch.save``) are read with ``torch.load(weights_only=True)`` and an explicit allow-list of the
-three numpy names an RNG state needs (numpy's array reconstruction); any other global in such a file
-is refused, so a crafted pickle is an error, not a program.
+Neither format can run code, and nothing else is read: a pickled ``<name>.pt`` (what
+``torch.save`` writes) is never loaded, so a crafted pickle in a checkpoint is a missing file, not a
+program.
 """
 
 from __future__ import annotations
@@ -79,18 +78,15 @@ def save_state(obj: Any, directory: Path, name: str) -> None:
 
 
 def has_state(directory: Path, name: str) -> bool:
-    return (Path(directory) / f"{name}.json").is_file() or (Path(directory) / f"{name}.pt").is_file()
+    return (Path(directory) / f"{name}.json").is_file()
 
 
 def load_state(directory: Path, name: str) -> Any:
-    """Read a state written by :func:`save_state` (or a 0.1 ``<name>.pt``, safely). Raises
-    :class:`CorruptCheckpointError` naming the file when it cannot be read."""
+    """Read a state written by :func:`save_state`. Raises :class:`CorruptCheckpointError` naming the
+    file when it cannot be read. A pickled ``<name>.pt`` in its place is never loaded."""
     directory = Path(directory)
     js = directory / f"{name}.json"
     if not js.is_file():
-        legacy = directory / f"{name}.pt"
-        if legacy.is_file():
-            return load_legacy(legacy)
         raise CorruptCheckpointError(f"checkpoint file {js} is missing")
     try:
         doc = json.loads(js.read_text(encoding="utf-8"))
@@ -112,32 +108,12 @@ def load_state(directory: Path, name: str) -> Any:
         raise CorruptCheckpointError(f"checkpoint file {js} does not match {st.name} ({type(e).__name__})") from None
 
 
-def _legacy_globals() -> list:
-    core = getattr(np, "_core", None) or np.core  # numpy 2 / 1
-    return [np.ndarray, np.dtype, core.multiarray._reconstruct, type(np.dtype(np.uint32))]
-
-
-def load_legacy(path: Path) -> Any:
-    """A finetune 0.1 ``.pt`` state: only tensors, containers, numbers and numpy arrays are let in."""
-    import warnings
-
-    try:
-        with torch.serialization.safe_globals(_legacy_globals()), warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "pickle protocol 4": 0.1 wrote protocol 4; it loads
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # an unpickling error (unsafe global), truncation, or garbage
-        reason = " ".join(str(e).split())
-        what = "holds objects that are not plain data (refused: loading it could run code)" if (
-            "weights_only" in reason or "global" in reason.lower()) else "cannot be read"
-        raise CorruptCheckpointError(f"checkpoint file {path} {what}") from None
-
-
 def states_problem(ck: Path) -> Optional[str]:
     """Why the engine's states in checkpoint ``ck`` cannot be read back (never unpickled), or None:
     optimizer, scheduler, the scaler when there is one, and every RNG state (``rng-<rank>`` of each
-    process, or a 0.1 checkpoint's single ``rng``)."""
+    process)."""
     ck = Path(ck)
-    rngs = sorted({p.name.split(".")[0] for p in ck.glob("rng-*.json")}) or ["rng"]
+    rngs = sorted({p.name.split(".")[0] for p in ck.glob("rng-*.json")}) or ["rng-0"]
     for name in ("optimizer", "scheduler", "scaler", *rngs):
         if name == "scaler" and not has_state(ck, name):
             continue

@@ -100,3 +100,8 @@ def file_features(model, tokenizer, path, pair: bool, max_length: int, batch_siz
     enc = encode_table(t, tokenizer, max_length, cols, joint=True)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return forward_all(model, enc, batch_size, pad, want=("embeddings",))["embeddings"], labels
+
+
+def pad_id_of(tokenizer) -> int:
+    """The id batches are padded with (0 for a tokenizer without a pad token)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

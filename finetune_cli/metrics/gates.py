@@ -73,3 +73,13 @@ def enforce(expectations: Sequence[Expectation], metrics: Mapping[str, float], u
     if ui is not None:
         ui.log(f"quality gates passed{where}: " + ", ".join(
             f"{e.metric} = {float(metrics[e.metric]):.4f} {e.op} {e.bound:g}" for e in expectations))
+
+
+def enforce_on_run(expectations: Sequence[Expectation], summary: Mapping, ui=None, where: str = "") -> None:
+    """Check ``--expect`` on a training run's final evaluation (its ``summary.json``)."""
+    if not expectations:
+        return
+    final = summary.get("final_eval") or {}
+    if not final:
+        raise FinetuneError(f"--expect: run {summary.get('run_dir')} has no final evaluation (no evaluation data)")
+    enforce(expectations, final, ui, where)

@@ -1,19 +1,35 @@
-"""What evaluating during training reports, by kind of evaluation (``train.metric`` is one of
-these). A light module: the recipe check reads it without importing scikit-learn."""
+"""The one table of metric names: what evaluating a kind of model reports. Recipe validation
+(``train.metric``), ``--expect``, ``sweep --metric`` and ``report`` all read it, so a name one of
+them accepts is a name the evaluation computes. A light module: no scikit-learn import."""
 
 from __future__ import annotations
 
 from typing import Optional
 
+# What evaluating during training reports, by kind: ``class`` (single-label), ``float``
+# (regression), ``multi`` (multi-label), ``similarity`` (embedding cosines vs gold scores).
 METRIC_NAMES: dict[str, tuple[str, ...]] = {
     "class": ("accuracy", "f1_macro", "mcc"),
     "float": ("pearson", "spearman"),
     "multi": ("f1_micro", "f1_macro", "subset_accuracy"),
     "similarity": ("spearman", "pearson"),
 }
+# What ``finetune eval`` adds: calibration of a single-label classifier's probabilities.
+CALIBRATION_METRICS = ("ece", "mce", "nll")
+EVAL_EXTRA: dict[str, tuple[str, ...]] = {"class": CALIBRATION_METRICS}
+# Display order in reports; names not listed follow alphabetically.
+METRIC_ORDER = ("accuracy", "f1_macro", "mcc", *CALIBRATION_METRICS, "pearson", "spearman")
 
 
 def metric_names(kind: Optional[str]) -> tuple[str, ...]:
-    """Metric names for ``kind`` (``class``, ``float`` = regression, ``multi`` = multi-label,
-    ``similarity``); () when nothing is evaluated."""
+    """Metric names for ``kind``; () when nothing is evaluated."""
     return METRIC_NAMES.get(kind or "", ())
+
+
+def eval_metric_names(kind: Optional[str]) -> tuple[str, ...]:
+    """What ``finetune eval`` reports for ``kind``: the training metrics plus calibration."""
+    return metric_names(kind) + EVAL_EXTRA.get(kind or "", ())
+
+
+def ordered(names: set[str]) -> list[str]:
+    return [m for m in METRIC_ORDER if m in names] + sorted(names - set(METRIC_ORDER))

@@ -44,8 +44,8 @@ def resolve_model(name: str) -> tuple[str, bool]:
         return str(embedded_model_path()), True
     p = Path(name).expanduser()
     if p.is_dir():
-        if rundir.is_run_dir(p):
-            found = rundir.model_dir(p)
+        if rundir.RunDir(p).is_run():
+            found = rundir.RunDir(p).model_dir()
             if found is not None:
                 return str(found), True
             raise ModelError(f"run directory {p} holds no saved model yet (no best/, final/ or checkpoint-*/)")
@@ -194,8 +194,6 @@ def read_head_spec(path: str) -> Optional[HeadSpec]:
         data = json.loads(f.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
             raise ValueError(f"a JSON object expected, got {type(data).__name__}")
-        if "head" not in data and data.get("num_labels", 0) > 0:
-            data["head"] = "pooled"  # written before 0.2: the head was always model.pooling + linear
         return HeadSpec(**{k: v for k, v in data.items() if k in HeadSpec.__dataclass_fields__})
     except (OSError, ValueError, TypeError) as e:
         raise ModelError(f"cannot load the model in {path}: {HEAD_SPEC} is damaged "
@@ -231,14 +229,6 @@ def has_classifier(path: str) -> bool:
         return spec.num_labels > 0
     archs = read_config_dict(path).get("architectures") or ()
     return any(str(a).endswith("ForSequenceClassification") for a in archs)
-
-
-def is_legacy_folder(path: str) -> bool:
-    """A classifier saved by finetune before 0.2: an encoder folder that transformers would load
-    without its head."""
-    spec = read_head_spec(path)
-    return (spec is not None and spec.num_labels > 0 and spec.head == "pooled"
-            and read_config_dict(path).get("model_type") != POOLED_MODEL_TYPE)
 
 
 def spec_from_config(config) -> HeadSpec:

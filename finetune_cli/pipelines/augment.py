@@ -23,13 +23,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_cli.augment import AugmentOptionError
+from finetune_cli.augment.chunks import chrf_metric, chunk_summary, compute_chunk
 from finetune_cli.augment.config import AugmentConfig, validate
-from finetune_cli.augment.edits import edit_text, row_rng
 from finetune_cli.augment.io import (
     OUTPUT_FORMATS,
     InputData,
     chunk_path,
-    chunk_seed,
     file_digest,
     output_rows,
     parts_dir,
@@ -38,10 +37,12 @@ from finetune_cli.augment.io import (
     write_output,
 )
 from finetune_cli.data.sources import resolve_path
-from finetune_cli.errors import DataError, RunDirError
+from finetune_cli.errors import RunDirError
 from finetune_cli.fsutil import atomic_write_json, atomic_write_text, check_output_file, clean_stale_temps
+from finetune_cli.rundir import same_job
 
 MANIFEST = "manifest.json"
+
 
 @dataclass
 class AugmentResult:
@@ -66,43 +67,52 @@ class AugmentResult:
         return dataclasses.asdict(self)
 
 
-def _chrf():
-    try:
-        from sacrebleu.metrics import CHRF
-    except ImportError:
-        raise DataError("the augment summary needs sacrebleu (pip install 'finetune-cli[augment]')") from None
-    return CHRF()
-
-
-def _compute_chunk(cfg: AugmentConfig, data: InputData, start: int, stop: int, k: int, translator, chrf,
-                   progress) -> list[dict]:
-    cols = data.text_columns
-    n_ret = cfg.num_return
-    texts = [str(data.columns[c][i]) for i in range(start, stop) for c in cols]  # row-major, all sides pooled
-    if translator is not None:
-        outs = translator(texts, num_return=n_ret, seed=chunk_seed(cfg.seed, k), progress=progress)
-    else:
-        outs = []
-        for j, t in enumerate(texts):
-            row, col = start + j // len(cols), j % len(cols)
-            outs.append([edit_text(t, cfg.edits, row_rng(cfg.seed, row, v, col)) for v in range(n_ret)])
-    recs = []
-    for r, i in enumerate(range(start, stop)):
-        variants, scores = [], []
-        for v in range(n_ret):
-            sides = [outs[r * len(cols) + c][v] for c in range(len(cols))]
-            variants.append(sides)
-            scores.append([chrf.sentence_score(hyp, [texts[r * len(cols) + c]]).score for c, hyp in enumerate(sides)])
-        recs.append({"row": i, "out": variants, "chrf": scores})
-    return recs
-
-
 # ---- the pipeline ------------------------------------------------------------------------------------
 
 def run_augment(cfg: AugmentConfig, ui, overwrite: bool = False) -> AugmentResult:
     t0 = time.perf_counter()
     validate(cfg)
     data = read_input(cfg.input, cfg.format, tuple(cfg.columns), cfg.header)
+    out, out_fmt = _check_output(cfg, data)
+    parts = parts_dir(out)
+    n = len(data)
+    n_chunks = (n + cfg.chunk_size - 1) // cfg.chunk_size
+    manifest = {"input": cfg.input, "input_file": {"sha256": file_digest(resolve_path(cfg.input)), "rows": n},
+                "chunks": n_chunks, "settings": cfg.settings(data.text_columns)}
+    old = _read_manifest(parts) if parts.is_dir() else None
+    resume = old is not None and same_job(parts, _comparable(old), _comparable(manifest), kind="augment run",
+                                          overwrite=overwrite, remedy="pass --overwrite to start again")
+    if not resume and out.exists() and not overwrite:
+        raise RunDirError(f"output {cfg.output} already exists; pass --overwrite to replace it")
+    translator, device = _load_translator(cfg, ui)
+    chrf = chrf_metric()
+    # Nothing was written before this point: every check above fails with parts/ and output untouched.
+    if parts.is_dir() and not resume:
+        shutil.rmtree(parts)
+    parts.mkdir(parents=True, exist_ok=True)
+    clean_stale_temps(parts)
+    if not resume:
+        atomic_write_json(parts / MANIFEST, manifest)
+    resumed = _run_chunks(cfg, data, parts, n_chunks, translator, chrf, ui)
+    if resumed:
+        ui.log(f"resumed: {resumed} of {n_chunks} chunks were already done in {parts}")
+    rows = list(output_rows(data, parts, n_chunks))
+    changed, chrf_mean = chunk_summary(data, parts, n_chunks)
+    examples = [{"input": str(data.columns[data.text_columns[0]][i // cfg.num_return]),
+                 "output": str(rows[i][data.text_columns[0]])} for i in range(min(3, len(rows)))]
+    if cfg.keep_originals:
+        rows += [{name: data.columns[name][i] for name in data.names} for i in range(n)]
+    write_output(rows, data, out, out_fmt)
+    shutil.rmtree(parts, ignore_errors=True)
+    return AugmentResult(
+        input=cfg.input, output=str(out), method=cfg.method, columns=list(data.text_columns), rows_in=n,
+        rows_written=len(rows), variants_per_row=cfg.num_return, originals_appended=cfg.keep_originals,
+        fraction_changed=changed, chrf_mean=chrf_mean, chunks=n_chunks, chunks_resumed=resumed,
+        seconds=time.perf_counter() - t0, device=device, settings=manifest["settings"], examples=examples)
+
+
+def _check_output(cfg: AugmentConfig, data: InputData) -> tuple[Path, str]:
+    """The output path and format, checked before anything is computed."""
     out = Path(cfg.output).expanduser()
     out_fmt = out.suffix.lstrip(".").lower() if out.suffix else data.format
     if out_fmt not in OUTPUT_FORMATS:
@@ -110,49 +120,27 @@ def run_augment(cfg: AugmentConfig, ui, overwrite: bool = False) -> AugmentResul
                                  f"end --output in .{', .'.join(OUTPUT_FORMATS)}")
     if out_fmt == "txt" and len(data.text_columns) > 1:
         raise AugmentOptionError(f"cannot write pairs to the plain-text file {cfg.output}; use .tsv, .csv or .jsonl")
-    in_path = resolve_path(cfg.input)
-    if out.resolve() == in_path.resolve():
+    if out.resolve() == resolve_path(cfg.input).resolve():
         raise AugmentOptionError(f"--output {cfg.output} is the input file; choose another path")
     check_output_file(out, "--output")
-    parts = parts_dir(out)
-    n = len(data)
-    n_chunks = (n + cfg.chunk_size - 1) // cfg.chunk_size
-    manifest = {"input": cfg.input, "input_sha256": file_digest(in_path), "rows": n, "chunks": n_chunks,
-                "settings": cfg.settings(data.text_columns)}
-    fresh, discard = True, False
-    if parts.is_dir():
-        old = _read_manifest(parts)
-        if overwrite or old is None:
-            discard = True  # removed only once the models have loaded: a failed start keeps what was there
-        elif _comparable(old) != _comparable(manifest):
-            raise RunDirError(f"{parts} holds a partial run {_difference(old, manifest)}; "
-                              f"pass --overwrite to start again")
-        else:
-            fresh = False
-    if fresh and out.exists() and not overwrite:
-        raise RunDirError(f"output {cfg.output} already exists; pass --overwrite to replace it")
+    return out, out_fmt
 
-    translator, device = None, None
-    if cfg.backtranslate:
-        from finetune_cli.augment.backtranslate import BackTranslator
-        from finetune_cli.engine.device import resolve_device
 
-        dev = resolve_device(cfg.device)
-        device = str(dev)
-        ui.log(f"loading {cfg.forward_model} and {cfg.backward_model} on {device}")
-        translator = BackTranslator.load(cfg.forward_model, cfg.backward_model, cfg.sampling, dev, cfg.batch_size)
-    chrf = _chrf()
+def _load_translator(cfg: AugmentConfig, ui):
+    if not cfg.backtranslate:
+        return None, None
+    from finetune_cli.augment.backtranslate import BackTranslator
+    from finetune_cli.engine.device import resolve_device
 
-    # Nothing was written before this point: every check above fails with parts/ and output untouched.
-    if discard:
-        shutil.rmtree(parts)
-    parts.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(parts)
-    if fresh:
-        atomic_write_json(parts / MANIFEST, manifest)
-    resumed = 0
+    dev = resolve_device(cfg.device)
+    ui.log(f"loading {cfg.forward_model} and {cfg.backward_model} on {dev}")
+    return BackTranslator.load(cfg.forward_model, cfg.backward_model, cfg.sampling, dev, cfg.batch_size), str(dev)
+
+
+def _run_chunks(cfg: AugmentConfig, data: InputData, parts: Path, n_chunks: int, translator, chrf, ui) -> int:
+    """Compute and write every chunk not already on disk; returns how many were."""
+    n, resumed = len(data), 0
     with ui.progress(n, f"augment ({cfg.method})") as prog:
-        done_rows = 0
         for k in range(n_chunks):
             start, stop = k * cfg.chunk_size, min(n, (k + 1) * cfg.chunk_size)
             cp = chunk_path(parts, k)
@@ -167,37 +155,10 @@ def run_augment(cfg: AugmentConfig, ui, overwrite: bool = False) -> AugmentResul
                     seen[0] += m
                     prog.update(start, f"chunk {k + 1}/{n_chunks}: {seen[0]}/{stage_total} generations")
 
-                recs = _compute_chunk(cfg, data, start, stop, k, translator, chrf, tick)
+                recs = compute_chunk(cfg, data, start, stop, k, translator, chrf, tick)
                 atomic_write_text(cp, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
-            done_rows = stop
-            prog.update(done_rows, f"chunk {k + 1}/{n_chunks}", force_line=True)
-    if resumed:
-        ui.log(f"resumed: {resumed} of {n_chunks} chunks were already done in {parts}")
-
-    rows = list(output_rows(data, parts, n_chunks))
-    changed = total = 0
-    chrf_sum = 0.0
-    for k in range(n_chunks):
-        for ln in chunk_path(parts, k).read_text(encoding="utf-8").splitlines():
-            rec = json.loads(ln)
-            i = rec["row"]
-            for sides, scores in zip(rec["out"], rec["chrf"], strict=True):
-                for c, (hyp, sc) in enumerate(zip(sides, scores, strict=True)):
-                    total += 1
-                    changed += hyp != " ".join(str(data.columns[data.text_columns[c]][i]).split())
-                    chrf_sum += sc
-    examples = [{"input": str(data.columns[data.text_columns[0]][i // cfg.num_return]),
-                 "output": str(rows[i][data.text_columns[0]])} for i in range(min(3, len(rows)))]
-    if cfg.keep_originals:
-        rows += [{name: data.columns[name][i] for name in data.names} for i in range(n)]
-    write_output(rows, data, out, out_fmt)
-    shutil.rmtree(parts, ignore_errors=True)
-    return AugmentResult(
-        input=cfg.input, output=str(out), method=cfg.method, columns=list(data.text_columns), rows_in=n,
-        rows_written=len(rows), variants_per_row=cfg.num_return, originals_appended=cfg.keep_originals,
-        fraction_changed=changed / total if total else 0.0, chrf_mean=chrf_sum / total if total else 0.0,
-        chunks=n_chunks, chunks_resumed=resumed, seconds=time.perf_counter() - t0, device=device,
-        settings=manifest["settings"], examples=examples)
+            prog.update(stop, f"chunk {k + 1}/{n_chunks}", force_line=True)
+    return resumed
 
 
 def _read_manifest(parts: Path) -> Optional[dict]:
@@ -209,13 +170,3 @@ def _read_manifest(parts: Path) -> Optional[dict]:
 
 def _comparable(m: dict) -> dict:
     return {k: v for k, v in m.items() if k != "input"}  # the same file named another way is the same input
-
-
-def _difference(old: dict, new: dict) -> str:
-    if old.get("input_sha256") != new.get("input_sha256") or old.get("rows") != new.get("rows"):
-        return f"of a different input (the file {new['input']} changed)"
-    a, b = old.get("settings", {}), new.get("settings", {})
-    for key in sorted(set(a) | set(b)):
-        if a.get(key) != b.get(key):
-            return f"with other settings ({key}: {a.get(key)!r} there, {b.get(key)!r} now)"
-    return "with other settings"

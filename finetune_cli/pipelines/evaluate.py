@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune_cli import rundir
 from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine.device import resolve_device
 from finetune_cli.engine.inference import forward_all
@@ -16,10 +15,10 @@ from finetune_cli.fsutil import check_writable_dir
 from finetune_cli.metrics.calibration import DEFAULT_BINS
 from finetune_cli.metrics.tasks import LABEL_TYPES, task_metrics
 from finetune_cli.models.loading import check_max_length, load_text_model
-from finetune_cli.objectives.registry import validate_recipe
-from finetune_cli.pipelines.common import encode, load_data, objective_class
-from finetune_cli.pipelines.recipes import load_recipe
-from finetune_cli.recipe import Recipe, apply_overrides, build_recipe, to_plain
+from finetune_cli.pipelines.common import encode, load_data
+from finetune_cli.pipelines.recipes import Plan, load_plan, plan_for
+from finetune_cli.recipe import apply_overrides, build_recipe, to_plain
+from finetune_cli.rundir import RunDir
 
 
 @dataclass
@@ -40,29 +39,29 @@ class EvalResult:
         return dataclasses.asdict(self)
 
 
-def eval_recipe(model: str, recipe_path: Optional[str], overrides: list[str]) -> Recipe:
-    """The recipe that says which data to read: ``--recipe``, else the run directory's own."""
+def eval_plan(model: str, recipe_path: Optional[str], overrides: list[str]) -> Plan:
+    """The plan that says which data to read: ``--recipe``, else the run directory's own."""
     if recipe_path is not None:
-        return load_recipe(recipe_path, overrides)
+        return load_plan(recipe_path, overrides)
+    run = RunDir(model)
+    if run.path.is_dir() and run.is_run():
+        stored = run.read_recipe()
+        return plan_for(build_recipe(apply_overrides(to_plain(stored), overrides), stored.source)
+                        if overrides else stored)
     p = Path(model)
-    if p.is_dir() and rundir.is_run_dir(p):
-        stored = rundir.read_recipe(p)
-        if not overrides:
-            return validate_recipe(stored)
-        return validate_recipe(build_recipe(apply_overrides(to_plain(stored), overrides), stored.source))
     if not p.exists() and (p.parent != Path(".") or model.startswith((".", "/", "~"))):
         raise ModelError(f"model path does not exist: {model} (no such run directory or model folder)")
     if overrides:
-        return validate_recipe(build_recipe(apply_overrides({}, overrides), "<command line>"))
+        return plan_for(build_recipe(apply_overrides({}, overrides), "<command line>"))
     raise DataError(f"no evaluation data: {model} is not a run directory; pass --recipe or data.eval=FILE")
 
 
-def run_eval(model_name: str, recipe: Recipe, ui, *, device: str = "auto", data_dir: Optional[str] = None,
+def run_eval(model_name: str, plan: Plan, ui, *, device: str = "auto", data_dir: Optional[str] = None,
              batch_size: Optional[int] = None, bins: int = DEFAULT_BINS, figures: bool = True,
              out: Optional[str] = None, tsne_max: Optional[int] = 2000, name: str = "eval") -> EvalResult:
     """``name``: the result file's stem in the output folder (``eval.json``; the CLI names evaluations
     of other data than the run's own ``eval-<recipe>.json`` so ``report`` keeps reading the run's)."""
-    cls = objective_class(recipe)
+    recipe = plan.recipe
     out_dir = eval_output_dir(model_name, out)
     if out_dir is not None:
         check_writable_dir(out_dir, "--out folder" if out is not None else "run directory")
@@ -77,13 +76,16 @@ def run_eval(model_name: str, recipe: Recipe, ui, *, device: str = "auto", data_
     lt = LABEL_TYPES.get(spec.problem_type, "class")
     id2label = getattr(model.config, "id2label", None) or {}
     names = [id2label[i] for i in sorted(id2label)] if lt in ("class", "multi") else None
-    cfg = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, label_names=names),
-                              model=dataclasses.replace(recipe.model, problem_type=spec.problem_type))
-    data = load_data(cfg, cls, data_dir_from_env(data_dir), need_train=False, need_eval=True)
+    # (``train.metric`` is training's choice: the model's problem type decides what is computed here)
+    plan = plan.with_recipe(dataclasses.replace(
+        recipe, data=dataclasses.replace(recipe.data, label_names=names),
+        model=dataclasses.replace(recipe.model, problem_type=spec.problem_type),
+        train=dataclasses.replace(recipe.train, metric=None)))
+    data = load_data(plan, data_dir_from_env(data_dir), need_train=False, need_eval=True)
     assert data.eval is not None
     for note in data.notes:
         ui.warn(note)
-    enc = encode(recipe, cls, data.eval, tokenizer)
+    enc = encode(plan, data.eval, tokenizer)
     dev = resolve_device(device)
     model.to(dev)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -107,4 +109,4 @@ def eval_output_dir(model_name: str, out: Optional[str]) -> Optional[Path]:
     if out is not None:
         return Path(out)
     p = Path(model_name)
-    return p if p.is_dir() and rundir.is_run_dir(p) else None
+    return p if p.is_dir() and RunDir(p).is_run() else None

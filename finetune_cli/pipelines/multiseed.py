@@ -14,8 +14,10 @@ from collections.abc import Callable, Sequence
 from typing import Optional
 
 from finetune_cli.errors import RunDirError
+from finetune_cli.pipelines.recipes import Plan
 from finetune_cli.pipelines.train import TrainOutcome, run_train
-from finetune_cli.recipe import Recipe, RecipeError
+from finetune_cli.recipe import RecipeError
+from finetune_cli.rundir import RunDir
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -37,30 +39,31 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def seed_recipe(recipe: Recipe, seed: int) -> Recipe:
-    """The recipe of one seed: ``train.seed=seed``, output ``<dir>/<name>/seed-<seed>``."""
-    base = recipe.run_dir
-    return dataclasses.replace(
+def seed_plan(plan: Plan, seed: int) -> Plan:
+    """The plan of one seed: ``train.seed=seed``, output ``<dir>/<name>/seed-<seed>``."""
+    recipe = plan.recipe
+    return plan.with_recipe(dataclasses.replace(
         recipe,
         train=dataclasses.replace(recipe.train, seed=seed),
-        output=dataclasses.replace(recipe.output, dir=str(base), name=f"seed-{seed}"),
-    )
+        output=dataclasses.replace(recipe.output, dir=str(recipe.run_dir), name=f"seed-{seed}"),
+    ))
 
 
-def run_seeds(recipe: Recipe, seeds: Sequence[int], ui, *, device: str = "auto", data_dir: Optional[str] = None,
+def run_seeds(plan: Plan, seeds: Sequence[int], ui, *, device: str = "auto", data_dir: Optional[str] = None,
               overwrite: bool = False, callbacks: Sequence[Callable] = ()) -> list[TrainOutcome]:
-    """Train ``recipe`` once per seed; returns the outcomes in seed order."""
+    """Train ``plan`` once per seed; returns the outcomes in seed order."""
     if not seeds:
         raise RecipeError("--seeds is empty")
-    if (recipe.run_dir / "recipe.yaml").is_file():
+    recipe = plan.recipe
+    if RunDir(recipe.run_dir).recipe_file.is_file():
         raise RunDirError(f"{recipe.run_dir} holds a single run; --seeds writes {recipe.run_dir}/seed-<k>/ runs, "
                           f"which would nest inside it: choose another output.name")
     if recipe.data.seed is not None:
         ui.warn(f"data.seed is fixed at {recipe.data.seed}: every seed trains on the same data sample")
     outcomes = []
     for k, seed in enumerate(seeds, 1):
-        r = seed_recipe(recipe, seed)
-        ui.log(f"seed {seed} ({k}/{len(seeds)}) -> {r.run_dir}")
-        outcomes.append(run_train(r, ui, device=device, data_dir=data_dir, overwrite=overwrite, callbacks=callbacks))
+        p = seed_plan(plan, seed)
+        ui.log(f"seed {seed} ({k}/{len(seeds)}) -> {p.run_dir}")
+        outcomes.append(run_train(p, ui, device=device, data_dir=data_dir, overwrite=overwrite, callbacks=callbacks))
     return outcomes
 

@@ -20,36 +20,31 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import yaml
 
-from finetune_cli import rundir
-from finetune_cli.data.probe_tasks import materialize_task
+from finetune_cli.data.probe_tasks import Protocol, materialize_task
 from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine.device import resolve_device
 from finetune_cli.engine.inference import file_features
-from finetune_cli.errors import RunDirError
 from finetune_cli.fsutil import atomic_write_json, atomic_write_text, check_writable_dir
 from finetune_cli.metrics.probe import linear_probe_accuracy, probe_summary
 from finetune_cli.models.loading import load_text_model
 from finetune_cli.models.text_model import HeadSpec
-from finetune_cli.objectives.registry import validate_objective
+from finetune_cli.pipelines.recipes import plan_for, validate_objective
 from finetune_cli.pipelines.train import run_train
 from finetune_cli.recipe import (
     ObjectiveConfig,
     ProbeRecipe,
     RecipeError,
-    closest,
     probe_stage_recipe,
     to_plain,
 )
+from finetune_cli.rundir import RunDir, same_job
 from finetune_cli.viz.probe import plot_probe
-
-MODES = ("sequential", "generalization", "retention")
 
 
 def parse_variant(spec: str, where: str = "--objectives") -> ObjectiveConfig:
@@ -62,50 +57,6 @@ def parse_variant(spec: str, where: str = "--objectives") -> ObjectiveConfig:
         k, v = kv.split("=", 1)
         params[k] = yaml.safe_load(v)
     return validate_objective(ObjectiveConfig(name=name.strip(), params=params), "objective", where)
-
-
-# ---- protocol ---------------------------------------------------------------------------------
-
-@dataclass
-class Plan:
-    mode: str
-    stages: list[str]  # task trained at each stage, in order
-    probed: list[str]  # tasks probed after each stage (matrix columns)
-
-
-def make_plan(r: ProbeRecipe, mode: str, *, tasks: Optional[list[str]] = None, source: Optional[str] = None,
-              targets: Optional[list[str]] = None, cycles: Optional[int] = None) -> Plan:
-    known = list(r.probe.tasks)
-    if not known:
-        raise RecipeError(f"`probe.tasks` in {r.source} is empty; name at least one task")
-
-    def check(names: list[str], what: str) -> list[str]:
-        for n in names:
-            if n not in r.probe.tasks:
-                raise RecipeError(f"unknown task `{n}` in {what}" + closest(n, known).replace("valid keys", "tasks"))
-        return names
-
-    if mode == "sequential":
-        seq = check(list(tasks or r.probe.sequence or known), "the task sequence")
-        if len(seq) < 2:
-            raise RecipeError(f"probe sequential needs at least two tasks; got {len(seq)} ({', '.join(seq)})")
-        return Plan(mode, seq, list(dict.fromkeys(seq)))
-    if mode == "retention":
-        seq = check(list(tasks or r.probe.sequence or known), "the task sequence")
-        if len(set(seq)) < 2:
-            raise RecipeError(f"probe retention needs at least two distinct tasks; got {', '.join(seq)}")
-        k = cycles or r.probe.cycles
-        return Plan(mode, seq * k, list(dict.fromkeys(seq)))
-    if mode == "generalization":
-        src = source or r.probe.source or (tasks[0] if tasks else None)
-        if src is None:
-            raise RecipeError("probe generalization needs a source task (--source or probe.source)")
-        check([src], "--source")
-        tg = check(list(targets or r.probe.targets or [t for t in known if t != src]), "--targets")
-        if not tg:
-            raise RecipeError("probe generalization needs at least one target task besides the source")
-        return Plan(mode, [src], list(dict.fromkeys([src, *tg])))
-    raise RecipeError(f"unknown probe mode `{mode}` (known: {', '.join(MODES)})")
 
 
 # ---- probes and stages -------------------------------------------------------------------------
@@ -140,16 +91,16 @@ def probe_model(model, tokenizer, tasks: dict[str, dict], r: ProbeRecipe) -> dic
 
 def _check_out_dir(r: ProbeRecipe, out: Path, overwrite: bool) -> None:
     stored = out / "probe_recipe.yaml"
-    text = yaml.safe_dump(r.to_dict(), sort_keys=False)
-    if stored.is_file() and stored.read_text() != text:
-        if not overwrite:
-            raise RunDirError(f"output directory {out} holds a different probe run; pass --overwrite or set output.name")
+    job = r.to_dict()
+    old = yaml.safe_load(stored.read_text(encoding="utf-8")) if stored.is_file() else None
+    if not same_job(Path(f"output directory {out}"), old, job, kind="probe run", overwrite=overwrite,
+                    remedy="pass --overwrite to replace it, or set output.name") and old is not None:
         shutil.rmtree(out)
     check_writable_dir(out, "output folder")
-    atomic_write_text(stored, text)
+    atomic_write_text(stored, yaml.safe_dump(job, sort_keys=False))
 
 
-def run_probe(r: ProbeRecipe, plan: Plan, ui, *, variants: Optional[list[str]] = None, device: str = "auto",
+def run_probe(r: ProbeRecipe, plan: Protocol, ui, *, variants: Optional[list[str]] = None, device: str = "auto",
               data_dir: Optional[str] = None, overwrite: bool = False) -> dict[str, Any]:
     objectives = [(v, parse_variant(v)) for v in variants] if variants else [(r.objective.name, r.objective)]
     labels = [v for v, _ in objectives]
@@ -181,22 +132,21 @@ def run_probe(r: ProbeRecipe, plan: Plan, ui, *, variants: Optional[list[str]] =
         prev = r.model.name
         runs = []
         for i, task in enumerate(plan.stages):
-            run_dir = vdir / f"stage-{i:02d}-{task}"
+            run = RunDir(vdir / f"stage-{i:02d}-{task}")
             pfile = pdir / f"stage-{i:02d}-{task}.json"
-            done = (run_dir / "summary.json").is_file() and pfile.is_file()
+            done = run.is_complete() and pfile.is_file()
             if done:
                 ui.log(f"[{label}] stage {i} ({task}) already finished; skipping")
             else:
-                sr = probe_stage_recipe(r, task, run_dir, prev, obj, metas[task])
+                sr = probe_stage_recipe(r, task, run.path, prev, obj, metas[task])
                 ui.log(f"[{label}] stage {i}: fine-tune on {task} from {prev}")
-                run_train(sr, ui, device=device, data_dir=data_dir, overwrite=False)
+                run_train(plan_for(sr), ui, device=device, data_dir=data_dir, overwrite=False)
                 if not r.probe.keep_checkpoints:  # the stage is complete: final/ is what the next stage reads
-                    for ck in rundir.list_checkpoints(run_dir):
-                        shutil.rmtree(ck, ignore_errors=True)
-                atomic_write_json(pfile, probe_encoder(str(run_dir / "final"), probed, r, device))
+                    run.prune(keep=0, protect=-1)
+                atomic_write_json(pfile, probe_encoder(str(run.final), probed, r, device))
             rows.append(json.loads(pfile.read_text()))
-            runs.append(str(run_dir))
-            prev = str(run_dir / "final")
+            runs.append(str(run))
+            prev = str(run.final)
         matrix = [[row[t] for t in plan.probed] for row in rows]
         results["variants"][label] = {"objective": {"name": obj.name, **obj.params}, "runs": runs,
                                       "matrix": matrix,

@@ -1,34 +1,205 @@
-"""Recipes, fully validated: the schema (``recipe.py``) plus what only the objectives know (their
-parameters, the metrics their evaluation computes). Every command reads recipes through here, so
-a bad objective parameter or ``train.metric`` is refused before any data or model loads.
+"""Recipes resolved once: a validated recipe becomes a :class:`Plan`, which every command takes.
 
-``recipe.py`` sits below the objectives and cannot check them itself; this module is the one
-place that joins the two.
+``recipe.py`` checks the schema but sits below the objectives, so it cannot check an objective's
+parameters or which metrics its evaluation computes. This module joins the two, once: it looks the
+objective up by name, resolves ``model.problem_type: auto``, picks the label kind, the evaluation
+kind and its metric names (from the one table in ``metrics/names.py``), the text columns and the
+sampler. Below the pipelines nobody looks an objective up by name again (a test checks the source).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Any, Optional, TypeVar, Union
 
-from finetune_cli.objectives.registry import validate_recipe
+from finetune_cli.data.tasks import resolve_problem_type as resolve_data_problem
+from finetune_cli.errors import RecipeError
+from finetune_cli.metrics.names import eval_metric_names, metric_names
+from finetune_cli.models.text_model import HeadSpec
+from finetune_cli.objectives import registry
+from finetune_cli.objectives.base import Objective
 from finetune_cli.recipe import (
+    ObjectiveConfig,
     ProbeRecipe,
     Recipe,
     build_probe_recipe,
     build_recipe,
+    closest,
     is_probe_tree,
     parse_probe_recipe,
     parse_recipe,
     read_recipe_source,
 )
 
+R = TypeVar("R", Recipe, ProbeRecipe)
+
+# How a classifier's labels are read for each problem type (regression: a float score; multi-label:
+# a multi-hot row), whatever the objective's own label type says.
+PROBLEM_LABEL_TYPES = {"regression": "float", "multi_label_classification": "multi"}
+# Metrics only some runs add to the evaluation: the refitted head's training accuracy.
+REFIT_METRICS = ("refit_train_accuracy",)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a command derives from a validated recipe, derived once.
+
+    Attributes:
+        recipe: the validated recipe (objective parameters coerced, ``train.metric`` and
+            ``model.problem_type`` resolved).
+        objective_cls: the objective's class (its data contract: columns, heads, sampler...).
+        params: the objective's hyper-parameters, defaults filled in (what the model card lists).
+        problem_type: transformers' ``problem_type`` of the classifier (``auto`` resolved).
+        label_type: how labels are read: ``class``, ``float``, ``multi`` or None (unlabelled).
+        evaluation: how training evaluates: ``classifier`` or ``similarity``.
+        metrics: what training's evaluation computes (``train.metric``, ``--expect`` on ``train``,
+            ``sweep --metric`` choose among these).
+        eval_metrics: what ``finetune eval`` reports for such a model (calibration added).
+        text_columns: text columns in the order the objective encodes them.
+        joint: text and text_pair in one sequence (cross-encoder), else each on its own.
+        sampler: the batch sampler's name (``data.group_by_length: false`` ungroups it).
+    """
+
+    recipe: Recipe
+    objective_cls: type[Objective]
+    params: Mapping[str, Any]
+    problem_type: Optional[str]
+    label_type: Optional[str]
+    evaluation: str
+    metrics: tuple[str, ...]
+    eval_metrics: tuple[str, ...]
+    text_columns: tuple[str, ...]
+    joint: bool
+    sampler: str
+
+    @property
+    def objective_name(self) -> str:
+        return self.recipe.objective.name
+
+    @property
+    def run_dir(self) -> Path:
+        return self.recipe.run_dir
+
+    def build_objective(self) -> Objective:
+        return self.objective_cls(**dict(self.recipe.objective.params))
+
+    def head_spec(self, num_labels: int, encoder_dropout: float) -> HeadSpec:
+        """The heads the objective needs on an encoder whose hidden dropout is ``encoder_dropout``."""
+        cls, model = self.objective_cls, self.recipe.model
+        problem = self.problem_type or "single_label_classification"
+        return HeadSpec(
+            pooling=model.pooling,
+            num_labels=(1 if problem == "regression" else num_labels) if cls.needs_classifier else 0,
+            classifier_dropout=encoder_dropout if model.classifier_dropout is None else model.classifier_dropout,
+            spectral_norm=cls.spectral_norm_head,
+            projection=cls.needs_projection if model.projection is None else model.projection,
+            problem_type=problem, head=model.head, threshold=model.threshold, normalize=model.head_normalize,
+        )
+
+    def with_recipe(self, recipe: Recipe) -> Plan:
+        """The plan of ``recipe`` (another output folder, other data): resolved again, never patched."""
+        return plan_for(recipe)
+
+
+# ---- resolving ---------------------------------------------------------------------------------
+
+def objective_class(name: str) -> type[Objective]:
+    return registry.get(name)
+
+
+def resolve_problem_type(recipe: Union[Recipe, ProbeRecipe], cls: type[Objective]) -> Optional[str]:
+    """``model.problem_type`` with ``auto`` resolved, checked against the objective."""
+    requested = recipe.model.problem_type
+    if requested is None:
+        return None
+    data = getattr(recipe, "data", None)
+    problem = resolve_data_problem(data, requested) if data is not None else (
+        "single_label_classification" if requested == "auto" else requested)
+    if cls.needs_classifier and problem not in cls.problem_types:
+        raise RecipeError(f"objective `{cls.name}` trains {' / '.join(cls.problem_types)} only, but the recipe "
+                          f"{recipe.source} is {problem} (model.problem_type); use objective `ce` for it")
+    return problem
+
+
+def label_type_of(cls: type[Objective], problem_type: Optional[str]) -> Optional[str]:
+    """The objective's own label type, or the problem type's for an objective with a classifier."""
+    if cls.needs_classifier and problem_type in PROBLEM_LABEL_TYPES:
+        return PROBLEM_LABEL_TYPES[problem_type]
+    return cls.label_type
+
+
+def _metric_kind(cls: type[Objective], label_type: Optional[str]) -> Optional[str]:
+    return "similarity" if cls.evaluation == "similarity" else label_type
+
+
+def _training_metrics(cls: type[Objective], label_type: Optional[str], refit_head: bool) -> tuple[str, ...]:
+    names = metric_names(_metric_kind(cls, label_type))
+    return names + REFIT_METRICS if names and refit_head else names
+
+
+def validate_objective(obj: ObjectiveConfig, where: str = "objective", src: str = "<recipe>") -> ObjectiveConfig:
+    """The objective section with its parameters checked against the constructor and coerced."""
+    return ObjectiveConfig(name=obj.name, params=registry.validate_params(obj.name, obj.params, where=where, src=src))
+
+
+def validate_recipe(recipe: R) -> R:
+    """A parsed recipe (training or probe) with its objective checked, ``model.problem_type``
+    resolved and ``train.metric`` known to be computed by the objective's evaluation. Idempotent."""
+    obj = validate_objective(recipe.objective, src=recipe.source)
+    cls = objective_class(obj.name)
+    problem = resolve_problem_type(recipe, cls)
+    if problem is not None and problem != recipe.model.problem_type:
+        recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, problem_type=problem))
+    names = _training_metrics(cls, label_type_of(cls, problem), recipe.train.refit_head)
+    train, metric = recipe.train, recipe.train.metric
+    if metric is None:
+        train = dataclasses.replace(train, metric=names[0] if names else "loss")
+    elif names and metric not in names:
+        raise RecipeError(f"`train.metric` in {recipe.source} is `{metric}`, which objective `{obj.name}` does "
+                          f"not compute" + closest(metric, names).replace("valid keys", "it computes"))
+    return dataclasses.replace(recipe, objective=obj, train=train)
+
+
+def _text_columns(cls: type[Objective]) -> tuple[str, ...]:
+    cols = [c for c in cls.required_columns if c != "label"]
+    if cls.encoding == "joint" and "text_pair" not in cols:
+        cols.append("text_pair")
+    return tuple(cols)
+
+
+def plan_for(recipe: Recipe) -> Plan:
+    """Validate ``recipe`` (idempotent) and resolve it into a :class:`Plan`."""
+    from finetune_cli.data.sampling import UNGROUPED
+
+    recipe = validate_recipe(recipe)
+    cls = objective_class(recipe.objective.name)
+    problem = recipe.model.problem_type
+    lt = label_type_of(cls, problem)
+    return Plan(
+        recipe=recipe, objective_cls=cls, params={**{k: p.default for k, p in registry.hyperparameters(cls).items()}, **recipe.objective.params},
+        problem_type=problem, label_type=lt, evaluation=cls.evaluation,
+        metrics=_training_metrics(cls, lt, recipe.train.refit_head),
+        eval_metrics=eval_metric_names(_metric_kind(cls, lt)),
+        text_columns=_text_columns(cls), joint=cls.encoding == "joint",
+        sampler=cls.sampler if recipe.data.group_by_length else UNGROUPED.get(cls.sampler, cls.sampler),
+    )
+
+
+# ---- loading -----------------------------------------------------------------------------------
+
+def load_plan(path: str | Path | None, overrides: Sequence[str] = ()) -> Plan:
+    """A training recipe (YAML file, packaged name, or defaults when ``path`` is None) with
+    overrides, resolved into a plan."""
+    return plan_for(parse_recipe(path, overrides))
+
 
 def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recipe:
-    """A training recipe (YAML file, packaged name, or defaults when ``path`` is None) with
-    overrides, validated in full."""
-    return validate_recipe(parse_recipe(path, overrides))
+    """The validated recipe alone (``load_plan(...).recipe``)."""
+    return load_plan(path, overrides).recipe
 
 
 def load_probe_recipe(path: str | Path, overrides: Sequence[str] = ()) -> ProbeRecipe:
@@ -41,3 +212,10 @@ def load_any(path: str | Path, overrides: Sequence[str] = ()) -> Union[Recipe, P
     if is_probe_tree(data):
         return validate_recipe(build_probe_recipe(data, src))
     return validate_recipe(build_recipe(data, src))
+
+
+def objective_summary(plan: Plan) -> dict[str, Optional[str]]:
+    """The objective docstring's first line and its ``Paper:`` paragraph (for model cards)."""
+    doc = typing.cast(str, plan.objective_cls.__doc__ or "")
+    paper = " ".join(doc.split("Paper:")[1].split("\n\n")[0].split()) if "Paper:" in doc else None
+    return {"summary": doc.strip().splitlines()[0] if doc.strip() else "", "paper": paper}

@@ -1,12 +1,8 @@
 """``finetune report RUN_DIRS...``: mean ± std per metric per recipe over seeds, and paired
 comparisons between recipes over the seeds they share.
 
-Each run contributes one number per metric, read from (first found):
-
-1. ``eval.json`` written by ``finetune eval`` (accuracy, F1, MCC, plus ECE, MCE and NLL), the
-   held-out evaluation;
-2. ``best/eval_metrics.json``, the evaluation of the checkpoint kept during training;
-3. ``summary.json``'s ``final_eval``.
+Each run contributes one number per metric (``pipelines.runs.load_run`` says which file it
+comes from).
 
 Runs are grouped by recipe: the fingerprint of ``recipe.yaml`` with ``train.seed``, ``data.seed``
 and ``output`` left out, so the seeds of one recipe fall together whatever folder they sit in.
@@ -23,24 +19,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune_cli import rundir
-from finetune_cli.errors import DataError, RunDirError
+from finetune_cli.errors import DataError
 from finetune_cli.fsutil import check_output_file
-from finetune_cli.metrics.stats import mean_std, metric_values, paired_stats
-
-METRIC_ORDER = ("accuracy", "f1_macro", "mcc", "ece", "mce", "nll", "pearson", "spearman")
-
-
-@dataclass
-class RunRecord:
-    path: str
-    group: str
-    fingerprint: str
-    seed: int
-    objective: str
-    source: str
-    task: str
-    metrics: dict[str, float]
+from finetune_cli.metrics.names import ordered
+from finetune_cli.metrics.stats import mean_std, paired_stats
+from finetune_cli.pipelines.runs import RunRecord, load_run
+from finetune_cli.rundir import RunDir, expand_run_dirs
 
 
 @dataclass
@@ -82,62 +66,6 @@ class Report:
         return asdict(self)
 
 
-# ---- reading runs ------------------------------------------------------------------------------
-
-_read_json = rundir.read_json_object
-
-
-def load_run(run_dir: Path) -> RunRecord:
-    try:
-        stored = rundir.read_recipe(run_dir)
-    except RunDirError as e:
-        raise DataError(str(e)) from None
-    recipe = stored.to_dict()
-    summary = _read_json(run_dir / rundir.SUMMARY)
-    if summary is None:
-        raise DataError(f"run {run_dir} is not finished (no summary.json): rerun its `finetune train` "
-                        f"command, or leave it out")
-    ev = _read_json(run_dir / rundir.EVAL)
-    best = _read_json(run_dir / rundir.BEST / "eval_metrics.json")
-    data = recipe.get("data") or {}
-    labels = summary.get("labels") or []
-    if ev is not None:
-        ev_src = run_dir / "eval.json"
-        metrics = metric_values(ev.get("metrics") or {}, f"`metrics` of {ev_src}")
-        cal = ev.get("calibration") or {}
-        if not isinstance(cal, dict):
-            raise DataError(f"`calibration` of {ev_src} must be an object, got {type(cal).__name__}")
-        metrics.update(metric_values({k: cal[k] for k in ("ece", "mce", "nll") if cal.get(k) is not None},
-                                     f"`calibration` of {ev_src}"))
-        source, task_data, labels = "eval.json", str(ev.get("data")), ev.get("labels") or labels
-    else:
-        if best is not None:
-            metrics = metric_values({k: v for k, v in best.items() if k != "step"},
-                                    str(run_dir / rundir.BEST / "eval_metrics.json"))
-            source = "best/eval_metrics.json"
-        else:
-            metrics = metric_values(summary.get("final_eval") or {}, f"`final_eval` of {run_dir / rundir.SUMMARY}")
-            source = "summary.json"
-        task_data = str(data.get("eval") or f"{data.get('dataset')}[{data.get('eval_split', 'validation')}]")
-    if not metrics:
-        raise DataError(f"run {run_dir} has no evaluation metrics (trained without evaluation data); "
-                        f"run `finetune eval {run_dir}` first")
-    seed = summary.get("seed", (recipe.get("train") or {}).get("seed"))
-    if seed is None:
-        seed = rundir.seed_of(run_dir)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise DataError(f"the seed of run {run_dir} is {seed!r}, not an integer (summary.json `seed`)")
-    name = run_dir.parent.name if rundir.seed_of(run_dir) is not None else run_dir.name
-    task = task_data + (f" (labels: {', '.join(map(str, labels))})" if labels else "")
-    objective = (recipe.get("objective") or {}).get("name", "?")
-    return RunRecord(path=str(run_dir), group=name, fingerprint=stored.fingerprint(ignore_seeds=True), seed=int(seed),
-                     objective=objective, source=source, task=task, metrics=metrics)
-
-
-def _order(metrics: set[str]) -> list[str]:
-    return [m for m in METRIC_ORDER if m in metrics] + sorted(metrics - set(METRIC_ORDER))
-
-
 # ---- the report --------------------------------------------------------------------------------
 
 def _assign_groups(runs: list[RunRecord]) -> list[str]:
@@ -169,41 +97,42 @@ def _parse_compare(spec: str, names: list[str]) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
+def _group_stats(name: str, members: list[RunRecord], metrics: list[str]) -> GroupStats:
+    seen: dict[int, str] = {}
+    for r in members:
+        if r.seed in seen:
+            raise DataError(f"runs {seen[r.seed]} and {r.path} are the same recipe with the same seed {r.seed}; "
+                            f"keep one")
+        seen[r.seed] = r.path
+    members = sorted(members, key=lambda r: r.seed)
+    st = {}
+    for m in metrics:
+        vals = {r.seed: r.metrics[m] for r in members}
+        mean, std = mean_std(list(vals.values()))
+        st[m] = {"mean": mean, "std": std, "n": len(vals), "values": vals}
+    return GroupStats(name=name, fingerprint=members[0].fingerprint, objective=members[0].objective,
+                      seeds=[r.seed for r in members], stats=st)
+
+
 def build_report(paths: Sequence[str], compare: Sequence[str] = (), plot: Optional[Path] = None) -> Report:
     """Read the runs, check they are comparable, and compute the statistics (and the plot)."""
     if not paths:
         raise DataError("no run directories given")
     if plot is not None:
         check_output_file(plot, "--plot")
-    runs = [load_run(p) for p in rundir.expand_run_dirs(paths)]
+    runs = [load_run(p) for p in expand_run_dirs(paths)]
     first = runs[0]
     for r in runs[1:]:
         if set(r.metrics) != set(first.metrics):
-            raise DataError(f"runs report different metrics: {first.path} has {', '.join(_order(set(first.metrics)))} "
-                            f"({first.source}); {r.path} has {', '.join(_order(set(r.metrics)))} ({r.source}); "
+            raise DataError(f"runs report different metrics: {first.path} has {', '.join(ordered(set(first.metrics)))} "
+                            f"({first.source}); {r.path} has {', '.join(ordered(set(r.metrics)))} ({r.source}); "
                             f"evaluate every run the same way (e.g. `finetune eval RUN` for each)")
         if r.task != first.task:
             raise DataError(f"runs are on different tasks: {first.path} evaluates on {first.task}, "
                             f"{r.path} on {r.task}")
     names = _assign_groups(runs)
-    metrics = _order(set(first.metrics))
-    groups: list[GroupStats] = []
-    for name in names:
-        members = [r for r in runs if r.group == name]
-        seen: dict[int, str] = {}
-        for r in members:
-            if r.seed in seen:
-                raise DataError(f"runs {seen[r.seed]} and {r.path} are the same recipe with the same seed {r.seed}; "
-                                f"keep one")
-            seen[r.seed] = r.path
-        members.sort(key=lambda r: r.seed)
-        st = {}
-        for m in metrics:
-            vals = {r.seed: r.metrics[m] for r in members}
-            mean, std = mean_std(list(vals.values()))
-            st[m] = {"mean": mean, "std": std, "n": len(vals), "values": vals}
-        groups.append(GroupStats(name=name, fingerprint=members[0].fingerprint, objective=members[0].objective,
-                                 seeds=[r.seed for r in members], stats=st))
+    metrics = ordered(set(first.metrics))
+    groups = [_group_stats(name, [r for r in runs if r.group == name], metrics) for name in names]
     pairs = [_parse_compare(c, names) for c in compare]
     if not pairs and len(names) == 2:
         pairs = [(names[1], names[0])]
@@ -235,6 +164,6 @@ def default_plot_path(paths: Sequence[str]) -> Path:
         common = Path(os.path.commonpath([str(Path(p).resolve()) for p in paths]))
     except ValueError:
         common = Path.cwd()
-    if rundir.has_recipe(common):
+    if RunDir(common).recipe_file.is_file():
         common = common.parent
     return common / "report.png"

@@ -25,15 +25,15 @@ from finetune_cli.models.loading import (
     load_text_model,
     resolve_model,
 )
-from finetune_cli.pipelines.common import load_similarity_data, objective_class
+from finetune_cli.pipelines.common import load_similarity_data
 from finetune_cli.pipelines.evaluate import EvalResult
-from finetune_cli.recipe import Recipe
+from finetune_cli.pipelines.recipes import Plan
 
 
-def wants_similarity(model_name: str, recipe: Recipe) -> bool:
+def wants_similarity(model_name: str, plan: Plan) -> bool:
     """Similarity evaluation when the recipe's objective evaluates that way, or when the model
     has no classification head (a sentence-embedding model)."""
-    if objective_class(recipe).evaluation == "similarity":
+    if plan.evaluation == "similarity":
         return True
     path, is_local = resolve_model(model_name)
     if not is_local:
@@ -58,8 +58,9 @@ def similarity_metrics(a: np.ndarray, b: np.ndarray, gold: np.ndarray, texts_a: 
     return m
 
 
-def run_eval_similarity(model_name: str, recipe: Recipe, ui, *, device: str = "auto",
+def run_eval_similarity(model_name: str, plan: Plan, ui, *, device: str = "auto",
                         data_dir: Optional[str] = None, batch_size: Optional[int] = None) -> EvalResult:
+    recipe = plan.recipe
     table = load_similarity_data(recipe, data_dir_from_env(data_dir))
     if table is None:
         raise DataError("no similarity data: set data.eval=FILE (text, text_pair and a gold score label)")

@@ -43,26 +43,31 @@ from finetune_cli.engine.search import (
     parse_param,
     trial_row,
 )
-from finetune_cli.errors import FinetuneError, RunDirError, TrainingError
+from finetune_cli.errors import FinetuneError, TrainingError
 from finetune_cli.fsutil import atomic_write_json, atomic_write_text
 from finetune_cli.pipelines.multiseed import run_seeds
-from finetune_cli.pipelines.recipes import load_recipe
-from finetune_cli.recipe import Recipe, RecipeError
+from finetune_cli.pipelines.recipes import Plan, load_plan, load_recipe
+from finetune_cli.recipe import Recipe, RecipeError, closest
+from finetune_cli.rundir import same_job
 
 
-def check_specs(recipe_path: str, overrides: Sequence[str], specs: Sequence[ParamSpec]) -> Recipe:
-    """Validate the recipe with every spec's bounds / choices; returns the base recipe."""
+def check_specs(recipe_path: str, overrides: Sequence[str], specs: Sequence[ParamSpec], metric: str) -> Plan:
+    """Validate the recipe with every spec's bounds / choices and ``--metric`` against what its
+    training evaluates; returns the base plan (with ``train.metric`` set to ``metric``)."""
     keys = [s.key for s in specs]
     for k in keys:
         if keys.count(k) > 1:
             raise RecipeError(f"--param {k} is given twice")
-    base = load_recipe(recipe_path, overrides)
-    if not isinstance(base, Recipe):
-        raise RecipeError(f"{recipe_path} is a probe recipe; `finetune sweep` searches training recipes")
+    known = load_plan(recipe_path, [*overrides, "~train.metric"]).metrics
+    if known and metric not in known:
+        raise RecipeError(f"--metric {metric}: training of this recipe evaluates {', '.join(known)}"
+                          + closest(metric, known).replace("valid keys", "it computes"))
+    overrides = [*overrides, f"train.metric={metric}"]
+    base = load_plan(recipe_path, overrides)
     for s in specs:
         for v in s.values_to_check():
             try:
-                load_recipe(recipe_path, [*overrides, override(s.key, v)])
+                load_plan(recipe_path, [*overrides, override(s.key, v)])
             except RecipeError as e:
                 raise bad_param(s.text, str(e)) from None
     return base
@@ -93,7 +98,7 @@ class SweepResult:
 
 def seed_values(run_dirs: Sequence[Path], seeds: Sequence[int], metric: str) -> dict[int, float]:
     """The per-seed value ``finetune report`` would use for each finished run."""
-    from finetune_cli.pipelines.report import load_run
+    from finetune_cli.pipelines.runs import load_run
 
     out = {}
     for seed, d in zip(seeds, run_dirs, strict=True):
@@ -120,41 +125,52 @@ def run_sweep(recipe_path: str, overrides: Sequence[str], params: Sequence[str],
     if trials < 1:
         raise RecipeError("--trials must be at least 1")
     specs = [parse_param(p) for p in params]
+    base = check_specs(recipe_path, overrides, specs, metric)
     overrides = [*overrides, f"train.metric={metric}"]
-    base = check_specs(recipe_path, overrides, specs)
-    from finetune_cli.pipelines.gate_metrics import train_metrics
-
-    known = train_metrics(base)
-    if known and metric not in known:
-        raise RecipeError(f"--metric {metric}: training of objective `{base.objective.name}` evaluates "
-                          f"{', '.join(known)}")
     direction = direction or ("minimize" if "loss" in metric else "maximize")
     optuna = import_optuna()
-
     # named after output.name, else the recipe's name (`-r scl` and `-r recipes/scl.yaml` -> sweep-scl)
-    name = base.output.name or Path(recipe_path).stem
-    sweep_dir = Path(out) if out else Path(base.output.dir) / f"sweep-{name}"
+    name = base.recipe.output.name or Path(recipe_path).stem
+    sweep_dir = Path(out) if out else Path(base.recipe.output.dir) / f"sweep-{name}"
+    _claim_sweep_dir(sweep_dir, _config(base.recipe, specs, seeds, metric, direction))
+    study = optuna.create_study(
+        study_name=STUDY_NAME, storage=f"sqlite:///{sweep_dir.resolve() / 'study.db'}", load_if_exists=True,
+        direction=direction, sampler=optuna.samplers.TPESampler(seed=sampler_seed),
+        pruner=optuna.pruners.MedianPruner() if prune else optuna.pruners.NopPruner())
+    todo = _requeue_interrupted(study, optuna.trial.TrialState, trials, sweep_dir, ui)
+    if todo:
+        trial_fn = _trial_objective(recipe_path, overrides, specs, seeds, metric, sweep_dir, ui,
+                                    prune=prune, device=device, data_dir=data_dir)
+        study.optimize(trial_fn, n_trials=todo, catch=(TrainingError,))
+    rows = [trial_row(t, optuna.trial.TrialState) for t in study.get_trials(deepcopy=False)]
+    res = SweepResult(sweep_dir=str(sweep_dir), metric=metric, direction=direction, seeds=list(seeds),
+                      params=[s.key for s in specs], trials=rows, ran_now=todo)
+    complete = [r for r in rows if r.state == "COMPLETE" and r.mean is not None]
+    if not complete:
+        return res
+    res.best = (max if direction == "maximize" else min)(complete, key=lambda r: r.mean)
+    best_over = study.trials[res.best.number].user_attrs["overrides"]
+    res.best_recipe = str(_write_best(recipe_path, overrides, best_over, base.recipe, sweep_dir))
+    if baseline:
+        _compare_with_baseline(res, base, specs, sweep_dir, ui, device=device, data_dir=data_dir)
+    atomic_write_json(sweep_dir / "result.json", res.to_dict())
+    return res
+
+
+def _claim_sweep_dir(sweep_dir: Path, cfg: dict[str, Any]) -> None:
+    """``sweep.json`` records what the folder's study searches; another search there is refused."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    cfg = _config(base, specs, seeds, metric, direction)
     cfg_file = sweep_dir / "sweep.json"
-    if cfg_file.is_file():
-        old = json.loads(cfg_file.read_text())
-        if old != cfg:
-            diff = next(k for k in cfg if old.get(k) != cfg[k])
-            raise RunDirError(f"sweep directory {sweep_dir} holds a different sweep ({diff} differs); "
-                              f"choose another --out or delete it")
-    else:
+    stored = json.loads(cfg_file.read_text()) if cfg_file.is_file() else None
+    if not same_job(Path(f"sweep directory {sweep_dir}"), stored, cfg, kind="sweep", overwrite=False,
+                    remedy="choose another --out or delete it"):
         atomic_write_json(cfg_file, cfg)
 
-    storage = f"sqlite:///{sweep_dir.resolve() / 'study.db'}"
-    study = optuna.create_study(
-        study_name=STUDY_NAME, storage=storage, load_if_exists=True, direction=direction,
-        sampler=optuna.samplers.TPESampler(seed=sampler_seed),
-        pruner=optuna.pruners.MedianPruner() if prune else optuna.pruners.NopPruner())
-    TS = optuna.trial.TrialState
 
-    # Trials cut short by an interruption (FAIL without a recorded training error) are tried again
-    # with the same parameters in the same folder, unless a later trial already did.
+def _requeue_interrupted(study, TS, trials: int, sweep_dir: Path, ui) -> int:
+    """Trials cut short by an interruption (FAIL without a recorded training error) are tried again
+    with the same parameters in the same folder, unless a later trial already did. Returns how
+    many trials are left to run."""
     existing = study.get_trials(deepcopy=False)
     covered = {t.user_attrs.get("run_dir") for t in existing
                if t.state in (TS.COMPLETE, TS.PRUNED, TS.WAITING, TS.RUNNING) or "error" in t.user_attrs}
@@ -169,30 +185,40 @@ def run_sweep(recipe_path: str, overrides: Sequence[str], params: Sequence[str],
     todo = max(0, trials - done)
     if done:
         ui.log(f"resuming sweep {sweep_dir}: {done} trial(s) done, {todo} to run")
+    return todo
+
+
+def _sample(trial, specs: Sequence[ParamSpec]) -> list[str]:
+    """The trial's overrides, one per swept key."""
+    sampled = []
+    for s in specs:
+        if s.kind == "choice":
+            idx = s.choices.index(trial.suggest_categorical(s.key, list(s.choices)))
+            sampled.append(f"{s.key}={s.choices[idx]}")
+        elif s.kind == "int":
+            sampled.append(override(s.key, trial.suggest_int(s.key, int(s.low), int(s.high))))
+        else:
+            sampled.append(override(s.key, trial.suggest_float(s.key, s.low, s.high, log=s.kind == "loguniform")))
+    return sampled
+
+
+def _trial_objective(recipe_path: str, overrides: Sequence[str], specs: Sequence[ParamSpec], seeds: Sequence[int],
+                     metric: str, sweep_dir: Path, ui, *, prune: bool, device: str, data_dir: Optional[str]):
+    """optuna's objective: train the sampled recipe on every seed, return the mean of ``metric``."""
 
     def objective(trial) -> float:
-        sampled = []
-        for s in specs:
-            if s.kind == "choice":
-                idx = s.choices.index(trial.suggest_categorical(s.key, list(s.choices)))
-                sampled.append(f"{s.key}={s.choices[idx]}")
-            elif s.kind == "int":
-                sampled.append(override(s.key, trial.suggest_int(s.key, int(s.low), int(s.high))))
-            else:
-                sampled.append(override(s.key, trial.suggest_float(s.key, s.low, s.high,
-                                                                   log=s.kind == "loguniform")))
+        sampled = _sample(trial, specs)
         rd = trial.user_attrs.get("run_dir") or str(sweep_dir / "trials" / f"trial-{trial.number:03d}")
         trial.set_user_attr("run_dir", rd)
         trial.set_user_attr("overrides", sampled)
-        r = load_recipe(recipe_path, [*overrides, *sampled, f"output.dir={Path(rd).parent}",
-                                      f"output.name={Path(rd).name}"])
+        plan = load_plan(recipe_path, [*overrides, *sampled, f"output.dir={Path(rd).parent}",
+                                       f"output.name={Path(rd).name}"])
         ui.rule(f"sweep trial {trial.number} · {' '.join(sampled)}")
         outs = []
         try:
             for i, seed in enumerate(seeds):
                 cb = PruneCallback(trial, metric, i) if prune else None
-                outs += run_seeds(r, [seed], ui, device=device, data_dir=data_dir,
-                                  callbacks=[cb] if cb else [])
+                outs += run_seeds(plan, [seed], ui, device=device, data_dir=data_dir, callbacks=[cb] if cb else [])
         except TrainingError as e:
             trial.set_user_attr("error", str(e))
             ui.warn(f"trial {trial.number} failed: {e}")
@@ -204,34 +230,27 @@ def run_sweep(recipe_path: str, overrides: Sequence[str], params: Sequence[str],
                + f" over seeds {','.join(map(str, seeds))}")
         return float(mean)
 
-    if todo:
-        study.optimize(objective, n_trials=todo, catch=(TrainingError,))
+    return objective
 
-    rows = [trial_row(t, TS) for t in study.get_trials(deepcopy=False)]
-    res = SweepResult(sweep_dir=str(sweep_dir), metric=metric, direction=direction, seeds=list(seeds),
-                      params=[s.key for s in specs], trials=rows, ran_now=todo)
-    complete = [r for r in rows if r.state == "COMPLETE" and r.mean is not None]
-    if not complete:
-        return res
-    best = (max if direction == "maximize" else min)(complete, key=lambda r: r.mean)
-    res.best = best
-    best_over = study.trials[best.number].user_attrs["overrides"]
-    res.best_recipe = str(_write_best(recipe_path, overrides, best_over, base, sweep_dir))
-    if baseline:
-        b = dataclasses.replace(base, output=dataclasses.replace(base.output, dir=str(sweep_dir), name="baseline"))
-        ui.rule("sweep baseline · the recipe's own values")
-        outs = run_seeds(b, seeds, ui, device=device, data_dir=data_dir)
-        vals = seed_values([o.run_dir for o in outs], seeds, metric)
-        mean, std = mean_std_of(vals)
-        res.baseline = TrialRow(number=-1, state="COMPLETE", params={s.key: dotted_value(base, s.key) for s in specs},
-                                mean=mean, std=std, values=vals, run_dir=str(sweep_dir / "baseline"))
-        from finetune_cli.metrics.stats import paired_stats
 
-        shared = sorted(set(best.values) & set(vals))
-        res.comparison = {"a": f"trial {best.number}", "b": "baseline", "metric": metric, "seeds": shared,
-                          **paired_stats([best.values[s] for s in shared], [vals[s] for s in shared])}
-    atomic_write_json(sweep_dir / "result.json", res.to_dict())
-    return res
+def _compare_with_baseline(res: SweepResult, base: Plan, specs: Sequence[ParamSpec], sweep_dir: Path, ui, *,
+                           device: str, data_dir: Optional[str]) -> None:
+    """The recipe's own values trained over the same seeds, and the best trial paired against it."""
+    from finetune_cli.metrics.stats import paired_stats
+
+    r, best, seeds = base.recipe, res.best, res.seeds
+    assert best is not None
+    b = base.with_recipe(dataclasses.replace(r, output=dataclasses.replace(r.output, dir=str(sweep_dir),
+                                                                           name="baseline")))
+    ui.rule("sweep baseline · the recipe's own values")
+    outs = run_seeds(b, seeds, ui, device=device, data_dir=data_dir)
+    vals = seed_values([o.run_dir for o in outs], seeds, res.metric)
+    mean, std = mean_std_of(vals)
+    res.baseline = TrialRow(number=-1, state="COMPLETE", params={s.key: dotted_value(r, s.key) for s in specs},
+                            mean=mean, std=std, values=vals, run_dir=str(sweep_dir / "baseline"))
+    shared = sorted(set(best.values) & set(vals))
+    res.comparison = {"a": f"trial {best.number}", "b": "baseline", "metric": res.metric, "seeds": shared,
+                      **paired_stats([best.values[s] for s in shared], [vals[s] for s in shared])}
 
 
 def _write_best(recipe_path: str, overrides: Sequence[str], best_over: Sequence[str], base: Recipe,

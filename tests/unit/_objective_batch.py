@@ -12,20 +12,19 @@ def model_and_batch(tiny_model_dir, quickstart_data, objective: str, *overrides:
     from finetune_cli.data import collate, epoch_batches
     from finetune_cli.models import load_text_model
     from finetune_cli.objectives import build
-    from finetune_cli.pipelines.common import encode, head_spec, load_data, objective_class
-    from finetune_cli.pipelines.recipes import load_recipe
+    from finetune_cli.pipelines.common import encode, load_data
+    from finetune_cli.pipelines.recipes import load_plan
 
-    recipe = load_recipe(None, [f"model.name={tiny_model_dir}", "model.max_length=32",
+    plan = load_plan(None, [f"model.name={tiny_model_dir}", "model.max_length=32",
                                 f"data.train={train_file or quickstart_data['train']}", "data.columns.text=sentence",
                                 f"objective.name={objective}", *overrides])
-    cls = objective_class(recipe)
-    data = load_data(recipe, cls, None)
+    data = load_data(plan, None)
     torch.manual_seed(0)
-    model, tok, _ = load_text_model(str(tiny_model_dir), head_spec(recipe, cls, len(data.label_names or ()), 0.1))
-    enc = encode(recipe, cls, data.train, tok)
-    batches = epoch_batches(cls.sampler, enc.lengths, enc.labels, batch_size, recipe.train.seed, 0)
+    model, tok, _ = load_text_model(str(tiny_model_dir), plan.head_spec(len(data.label_names or ()), 0.1))
+    enc = encode(plan, data.train, tok)
+    batches = epoch_batches(plan.objective_cls.sampler, enc.lengths, enc.labels, batch_size, plan.recipe.train.seed, 0)
     batch = collate(enc, batches[0], tok.pad_token_id)
-    return model, tok, batch, build(objective, recipe.objective.params)
+    return model, tok, batch, build(objective, plan.recipe.objective.params)
 
 
 def no_dropout(model: nn.Module) -> nn.Module:

@@ -187,7 +187,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, marian_dir, mon
 
     out = tmp_path / "out.tsv"
     parts = tmp_path / "out.tsv.parts"
-    real = pipe._compute_chunk
+    real = pipe.compute_chunk
     calls = collections.Counter()
 
     def crash_on_third_chunk(*a, **kw):
@@ -196,7 +196,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, marian_dir, mon
             raise KeyboardInterrupt
         return real(*a, **kw)
 
-    monkeypatch.setattr(pipe, "_compute_chunk", crash_on_third_chunk)
+    monkeypatch.setattr(pipe, "compute_chunk", crash_on_third_chunk)
     res = invoke("-i", src, "-o", out, *args)
     assert res.exit_code == 130 and "interrupted" in error_line(res)
     assert not out.exists()
@@ -204,7 +204,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, marian_dir, mon
     # a crash in the middle of a write leaves a temp file; a damaged chunk is not trusted either
     (parts / ".chunk-000002.jsonl.x.tmp").write_text('{"row": 6}\n')
     (parts / "chunk-000003.jsonl").write_text('{"row": 9, "out": [["x"]]}\n')
-    monkeypatch.setattr(pipe, "_compute_chunk", real)
+    monkeypatch.setattr(pipe, "compute_chunk", real)
 
     res = invoke("-i", src, "-o", out, *args, "--json")
     assert res.exit_code == 0, res.output
@@ -218,22 +218,22 @@ def test_resume_with_other_settings_is_refused(tmp_path, monkeypatch):
 
     src, _ = sst_like(tmp_path, n=12)
     out = tmp_path / "out.tsv"
-    real = pipe._compute_chunk
+    real = pipe.compute_chunk
 
     def crash(*a, **kw):
         if a[4] == 1:  # second chunk
             raise KeyboardInterrupt
         return real(*a, **kw)
 
-    monkeypatch.setattr(pipe, "_compute_chunk", crash)
+    monkeypatch.setattr(pipe, "compute_chunk", crash)
     assert invoke("-i", src, "-o", out, "--delete-words", "0.2", "--chunk-size", "5", "-q").exit_code == 130
-    monkeypatch.setattr(pipe, "_compute_chunk", real)
+    monkeypatch.setattr(pipe, "compute_chunk", real)
     res = invoke("-i", src, "-o", out, "--delete-words", "0.3", "--chunk-size", "5", "-q")
     assert res.exit_code == 2
-    assert "holds a partial run with other settings (delete_prob: 0.2 there, 0.3 now); pass --overwrite" in error_line(res)
+    assert "holds a different augment run (settings.delete_prob: 0.2 there, 0.3 now); pass --overwrite" in error_line(res)
     write_tsv(src, ["id", "sentence", "label"], [("x", "changed input", "1")] * 12)
     res = invoke("-i", src, "-o", out, "--delete-words", "0.2", "--chunk-size", "5", "-q")
-    assert res.exit_code == 2 and "of a different input" in error_line(res)
+    assert res.exit_code == 2 and "input_file.sha256:" in error_line(res)
     res = invoke("-i", src, "-o", out, "--delete-words", "0.3", "--chunk-size", "5", "-q", "--overwrite")
     assert res.exit_code == 0, res.output
     assert len(read_tsv(out)[1]) == 12

@@ -5,18 +5,15 @@ from __future__ import annotations
 import json
 import pickle
 import random
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from finetune_cli.engine.checkpoint_io import load_legacy, load_state, save_state
+from finetune_cli.engine.checkpoint_io import load_state, save_state
 from finetune_cli.engine.trainer import capture_rng, restore_rng
 from finetune_cli.errors import CorruptCheckpointError
-
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "run_v0"
 
 
 def test_round_trip_of_every_kind_of_value(tmp_path):
@@ -90,40 +87,31 @@ class _Exploit:
         return (Path.write_text, (self.marker, "pwned"))
 
 
-def test_legacy_checkpoints_load_safely(tmp_path):
-    """A 0.1 checkpoint's .pt files load (numpy RNG included); a crafted one is refused unexecuted."""
-    ck = FIXTURE / "runs" / "old" / "checkpoint-4"
-    rng = load_state(ck, "rng")
-    assert rng["numpy"][1].dtype == np.uint32 and isinstance(rng["python"], tuple)
-    marker = tmp_path / "marker"
-    bad = tmp_path / "rng.pt"
-    bad.write_bytes(pickle.dumps({"python": _Exploit(marker)}))
-    with pytest.raises(CorruptCheckpointError, match="refused: loading it could run code"):
-        load_legacy(bad)
-    assert not marker.exists()
-
-
-@pytest.mark.parametrize("name", ["rng", "optimizer", "scheduler"])
-def test_a_crafted_pickle_in_a_run_directory_never_runs_on_resume(tmp_path, monkeypatch, name):
-    """The attack the issue reproduced: replace a checkpoint file, rerun the same train command."""
-    from finetune_cli.pipelines.recipes import load_recipe
+@pytest.mark.parametrize("name", ["rng-0", "optimizer", "scheduler"])
+def test_a_crafted_pickle_in_a_run_directory_never_runs_on_resume(tiny_recipe, tmp_path, name):
+    """The attack: replace a checkpoint's state by a pickle (``<name>.pt``), rerun the same train
+    command. The pickle is never loaded: the state is missing, and the resume refuses in one line."""
+    from finetune_cli.pipelines.recipes import load_plan
     from finetune_cli.pipelines.train import run_train
     from finetune_cli.ui import UI
-    from tests.unit.test_old_run_dir import OVERRIDES
 
-    root = tmp_path / "run_v0"
-    shutil.copytree(FIXTURE, root)
-    monkeypatch.chdir(root)
-    marker = tmp_path / "marker"
-    (root / "runs/old/checkpoint-4" / f"{name}.pt").write_bytes(pickle.dumps(_Exploit(marker)))
-    with pytest.raises(CorruptCheckpointError, match=f"{name}.pt"):
-        run_train(load_recipe(None, [*OVERRIDES, "model.head=pooled", "output.name=old"]), UI(quiet=True), device="cpu")
-    assert not marker.exists()
+    plan = load_plan(None, tiny_recipe("train.max_steps=4", "train.save_every=2"))
+    run_train(plan, UI(quiet=True), device="cpu")
+    run = plan.run_dir
+    (run / "summary.json").unlink()
+    for ck in run.glob("checkpoint-*"):
+        for f in ck.glob(f"{name}.*"):
+            f.unlink()
+        marker = tmp_path / "marker"
+        (ck / f"{name}.pt").write_bytes(pickle.dumps(_Exploit(marker)))
+    with pytest.raises(CorruptCheckpointError, match=f"{name}.json is missing"):
+        run_train(plan, UI(quiet=True), device="cpu")
+    assert not (tmp_path / "marker").exists()
 
 
 def test_new_checkpoints_hold_no_pickle(tiny_recipe, monkeypatch):
     """A run writes no .pt file and resumes with pickle and torch.load unavailable."""
-    from finetune_cli.pipelines.recipes import load_recipe
+    from finetune_cli.pipelines.recipes import load_plan
     from finetune_cli.pipelines.train import run_train
     from finetune_cli.ui import UI
 
@@ -131,7 +119,7 @@ def test_new_checkpoints_hold_no_pickle(tiny_recipe, monkeypatch):
         if state.step == 2:
             raise KeyboardInterrupt
 
-    r = load_recipe(None, tiny_recipe("train.max_steps=4", "train.save_every=2"))
+    r = load_plan(None, tiny_recipe("train.max_steps=4", "train.save_every=2"))
     with pytest.raises(KeyboardInterrupt):
         run_train(r, UI(quiet=True), device="cpu", callbacks=[stop])
     assert not list(r.run_dir.rglob("*.pt")) and not list(r.run_dir.rglob("*.pkl"))

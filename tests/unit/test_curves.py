@@ -55,11 +55,11 @@ def test_multi_run_series_groups_seeds():
 
 def test_every_run_writes_curves_png_from_its_metrics(tiny_recipe):
     pytest.importorskip("matplotlib")
-    from finetune_cli.pipelines.recipes import load_recipe
+    from finetune_cli.pipelines.recipes import load_plan
     from finetune_cli.pipelines.train import run_train
     from finetune_cli.ui import UI
 
-    out = run_train(load_recipe(None, tiny_recipe("train.eval_every=4")), UI(quiet=True), device="cpu")
+    out = run_train(load_plan(None, tiny_recipe("train.eval_every=4")), UI(quiet=True), device="cpu")
     png = out.run_dir / "figures" / "curves.png"
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     s = curve_series(read_metrics(out.run_dir / "metrics.jsonl"))

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from finetune_cli.engine.trainer import Trainer
 from finetune_cli.errors import TrainingError
-from finetune_cli.pipelines.recipes import load_recipe
+from finetune_cli.pipelines.recipes import load_plan
 from finetune_cli.pipelines.train import run_train
 from finetune_cli.ui import UI
 
@@ -31,7 +31,7 @@ def _assert_same_weights(a, b):
 
 
 def _train(overrides, callbacks=()):
-    return run_train(load_recipe(None, overrides), UI(quiet=True), device="cpu", callbacks=callbacks)
+    return run_train(load_plan(None, overrides), UI(quiet=True), device="cpu", callbacks=callbacks)
 
 
 def test_run_directory_layout(tiny_recipe):

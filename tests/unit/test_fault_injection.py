@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from finetune_cli.cli.main import app
-from finetune_cli.pipelines.recipes import load_recipe
+from finetune_cli.pipelines.recipes import load_plan
 from finetune_cli.pipelines.train import run_train
 from finetune_cli.ui import UI
 
@@ -35,7 +35,7 @@ class Warnings(UI):
 
 
 def _train(overrides, callbacks=(), ui=None):
-    return run_train(load_recipe(None, overrides), ui or UI(quiet=True), device="cpu", callbacks=callbacks)
+    return run_train(load_plan(None, overrides), ui or UI(quiet=True), device="cpu", callbacks=callbacks)
 
 
 def _weights(d: Path) -> dict[str, torch.Tensor]:

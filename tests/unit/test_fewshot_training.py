@@ -10,14 +10,14 @@ import torch
 from safetensors.torch import load_file
 
 from finetune_cli.engine.trainer import eval_interval
-from finetune_cli.pipelines.recipes import load_recipe
+from finetune_cli.pipelines.recipes import load_plan
 from finetune_cli.pipelines.train import run_train
 from finetune_cli.recipe import TrainConfig
 from finetune_cli.ui import UI
 
 
 def _train(overrides):
-    return run_train(load_recipe(None, overrides), UI(quiet=True), device="cpu")
+    return run_train(load_plan(None, overrides), UI(quiet=True), device="cpu")
 
 
 def _encoder_changes(tiny_model_dir, model_dir) -> list[str]:

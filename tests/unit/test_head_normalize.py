@@ -11,7 +11,7 @@ from finetune_cli.engine.head_refit import linear_inputs, refit_target
 from finetune_cli.errors import RecipeError
 from finetune_cli.models.loading import load_text_model, save_text_model
 from finetune_cli.models.text_model import HeadSpec
-from finetune_cli.pipelines.recipes import load_recipe
+from finetune_cli.pipelines.recipes import load_plan, load_recipe
 
 TEXTS = ["a fine film", "dull and long", "yes", "an utterly joyless two hours of nothing"]
 
@@ -98,7 +98,7 @@ def test_predict_and_eval_cli_use_the_normalised_head(tiny_recipe, quickstart_da
     from finetune_cli.pipelines.train import run_train
     from finetune_cli.ui import UI
 
-    out = run_train(load_recipe(None, tiny_recipe("model.head=pooled", "model.head_normalize=true",
+    out = run_train(load_plan(None, tiny_recipe("model.head=pooled", "model.head_normalize=true",
                                                   "train.max_steps=4", "train.eval_every=2")),
                     UI(quiet=True), device="cpu")
     rows = list(csv.DictReader(open(quickstart_data["eval"]), delimiter="\t"))

@@ -13,7 +13,7 @@ from finetune_cli.engine.head_refit import fit_logistic, linear_inputs, refit_he
 from finetune_cli.errors import TrainingError
 from finetune_cli.models.loading import load_text_model
 from finetune_cli.models.text_model import HeadSpec
-from finetune_cli.pipelines.recipes import load_recipe
+from finetune_cli.pipelines.recipes import load_plan
 from finetune_cli.pipelines.train import run_train
 from finetune_cli.ui import UI
 
@@ -115,11 +115,11 @@ def _saved_run(recipe, run_dir):
     training set in float64, their labels)``."""
     from finetune_cli.data.encode import encode_table
     from finetune_cli.engine.inference import forward_all
-    from finetune_cli.pipelines.common import load_data, objective_class
+    from finetune_cli.pipelines.common import load_data
 
     model, tok, _ = load_text_model(str(run_dir / "final"))
-    data = load_data(recipe, objective_class(recipe), None, need_train=True)
-    enc = encode_table(data.train, tok, recipe.model.max_length, ("text",), joint=True)
+    data = load_data(recipe, None, need_train=True)
+    enc = encode_table(data.train, tok, recipe.recipe.model.max_length, ("text",), joint=True)
     x = forward_all(model, enc, 16, tok.pad_token_id, want=("embeddings",))["embeddings"].astype(np.float64)
     return model, _wb(model.classifier.out_proj), x, np.asarray(enc.labels)
 
@@ -131,8 +131,8 @@ def _lines(run_dir):
 def test_a_run_with_refit_head_saves_the_refitted_head(tiny_recipe):
     """The last evaluation (at the last step) refits the head; nothing trains after it, so the saved
     head is the logistic regression on the saved encoder's features of the training set."""
-    recipe = load_recipe(None, tiny_recipe("model.head=pooled", "model.pooling=mean", "train.max_steps=6",
-                                           "train.min_evals=2", "train.refit_head=true"))
+    recipe = load_plan(None, tiny_recipe("model.head=pooled", "model.pooling=mean", "train.max_steps=6",
+                                         "train.min_evals=2", "train.refit_head=true"))
     out = run_train(recipe, UI(quiet=True), device="cpu")
     evals = [x for x in _lines(out.run_dir) if "eval/accuracy" in x]
     assert [x["step"] for x in evals] == [3, 6] and all("eval/refit_train_accuracy" in x for x in evals)
@@ -144,7 +144,7 @@ def test_a_run_with_refit_head_saves_the_refitted_head(tiny_recipe):
 
 def test_a_run_without_refit_head_does_not_save_that_head(tiny_recipe):
     """The control: the same run without refit_head ends on a head that is not the optimum."""
-    recipe = load_recipe(None, tiny_recipe("model.head=pooled", "model.pooling=mean", "train.max_steps=6",
+    recipe = load_plan(None, tiny_recipe("model.head=pooled", "model.pooling=mean", "train.max_steps=6",
                                            "train.min_evals=2"))
     out = run_train(recipe, UI(quiet=True), device="cpu")
     assert not any("eval/refit_train_accuracy" in x for x in _lines(out.run_dir))
@@ -156,7 +156,7 @@ def test_a_run_without_refit_head_does_not_save_that_head(tiny_recipe):
 def test_a_run_with_refit_saves_the_fit_on_unit_vectors(tiny_recipe):
     """With refit_head the last evaluation (the last step) installs the logistic regression; with
     head_normalize its inputs are the normalised embeddings of the saved encoder."""
-    recipe = load_recipe(None, tiny_recipe("model.head=pooled", "model.head_normalize=true", "model.pooling=mean",
+    recipe = load_plan(None, tiny_recipe("model.head=pooled", "model.head_normalize=true", "model.pooling=mean",
                                            "train.max_steps=6", "train.min_evals=2", "train.refit_head=true"))
     out = run_train(recipe, UI(quiet=True), device="cpu")
     model, head, x, y = _saved_run(recipe, out.run_dir)
@@ -172,7 +172,7 @@ def test_a_run_with_refit_saves_the_fit_on_unit_vectors(tiny_recipe):
 
 def test_refit_head_with_r4f_is_refused_in_one_line(tiny_recipe):
     with pytest.raises(TrainingError, match="spectrally normalised"):
-        run_train(load_recipe(None, tiny_recipe("objective.name=r4f", "train.refit_head=true", "train.max_steps=2")),
+        run_train(load_plan(None, tiny_recipe("objective.name=r4f", "train.refit_head=true", "train.max_steps=2")),
                   UI(quiet=True), device="cpu")
 
 

@@ -189,15 +189,14 @@ def test_kill_9_then_resume_equals_uninterrupted(ce_run, small_model, tmp_path):
 def test_sharded_eval_equals_one_process_eval(ce_run, small_model):
     """The 2-process evaluation at step 6 equals one process evaluating checkpoint-6's model."""
     from finetune_cli.models.loading import load_text_model
-    from finetune_cli.pipelines.common import EVALUATORS, load_data, objective_class
-    from finetune_cli.pipelines.recipes import load_recipe
+    from finetune_cli.pipelines.common import EVALUATORS, load_data
+    from finetune_cli.pipelines.recipes import load_plan
 
     run, _, _ = ce_run
-    recipe = load_recipe("quickstart", [a for a in _recipe(small_model, run.parent, "ce")[2:] if "=" in a])
-    cls = objective_class(recipe)
+    plan = load_plan("quickstart", [a for a in _recipe(small_model, run.parent, "ce")[2:] if "=" in a])
     model, tok, _ = load_text_model(str(run / "checkpoint-6" / "model"))
-    data = load_data(recipe, cls, None, need_train=True)
-    evaluate = EVALUATORS[cls.evaluation].build(recipe, cls, data, tok, tok.pad_token_id, None)
+    data = load_data(plan, None, need_train=True)
+    evaluate = EVALUATORS[plan.evaluation].build(plan, data, tok, tok.pad_token_id, None)
     one = evaluate(model.eval())
     two = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "eval/accuracy" in x][-1]
     assert {f"eval/{k}": v for k, v in one.items()} == {k: v for k, v in two.items() if k.startswith("eval/")}
@@ -313,8 +312,8 @@ def test_refit_head_on_two_processes_fits_on_the_whole_training_set(small_model,
     from finetune_cli.engine.head_refit import fit_logistic, linear_inputs
     from finetune_cli.engine.inference import forward_all
     from finetune_cli.models.loading import load_text_model
-    from finetune_cli.pipelines.common import load_data, objective_class
-    from finetune_cli.pipelines.recipes import load_recipe
+    from finetune_cli.pipelines.common import load_data
+    from finetune_cli.pipelines.recipes import load_plan
 
     args = _recipe(small_model, tmp_path / "runs", "refit", "train.refit_head=true")
     res = _torchrun(args, tmp_path / "t")
@@ -322,10 +321,10 @@ def test_refit_head_on_two_processes_fits_on_the_whole_training_set(small_model,
     run = tmp_path / "runs" / "refit"
     evals = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "eval/accuracy" in x]
     assert [e["step"] for e in evals] == [3, 6] and all("eval/refit_train_accuracy" in e for e in evals)
-    recipe = load_recipe("quickstart", [a for a in args[2:] if "=" in a])
+    plan = load_plan("quickstart", [a for a in args[2:] if "=" in a])
     model, tok, _ = load_text_model(str(run / "final"))
-    data = load_data(recipe, objective_class(recipe), None, need_train=True)
-    enc = encode_table(data.train, tok, recipe.model.max_length, ("text",), joint=True)
+    data = load_data(plan, None, need_train=True)
+    enc = encode_table(data.train, tok, plan.recipe.model.max_length, ("text",), joint=True)
     feats = forward_all(model, enc, 16, tok.pad_token_id, want=("features",))["features"]
     x = linear_inputs(model, torch.as_tensor(feats)).double().numpy()
     w, b = fit_logistic(x, np.asarray(enc.labels), 2)

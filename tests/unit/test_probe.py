@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from finetune_cli.cli.main import app
-from finetune_cli.data.probe_tasks import materialize_task
+from finetune_cli.data.probe_tasks import Protocol, make_protocol, materialize_task
 from finetune_cli.metrics.probe import probe_summary
 from finetune_cli.pipelines import probe as P
 from finetune_cli.pipelines.recipes import load_any, load_probe_recipe, load_recipe
@@ -75,19 +75,19 @@ def test_probe_recipe_validates_with_recipe_machinery(recipe_file):
 
 def test_plans(recipe_file):
     r = load_probe_recipe(recipe_file)
-    assert P.make_plan(r, "sequential").stages == ["a", "b"]
-    ret = P.make_plan(r, "retention", cycles=3)
+    assert make_protocol(r, "sequential").stages == ["a", "b"]
+    ret = make_protocol(r, "retention", cycles=3)
     assert ret.stages == ["a", "b"] * 3 and ret.probed == ["a", "b"]
-    gen = P.make_plan(r, "generalization", source="b")
+    gen = make_protocol(r, "generalization", source="b")
     assert gen.stages == ["b"] and gen.probed == ["b", "a"]
     with pytest.raises(RecipeError, match="at least two tasks"):
-        P.make_plan(r, "sequential", tasks=["a"])
+        make_protocol(r, "sequential", tasks=["a"])
     with pytest.raises(RecipeError, match=r"unknown task `c`.*did you mean `a`|unknown task `c`"):
-        P.make_plan(r, "sequential", tasks=["a", "c"])
+        make_protocol(r, "sequential", tasks=["a", "c"])
 
 
 def test_summaries_against_hand_computed_values():
-    plan = P.Plan("sequential", ["a", "b", "c"], ["a", "b", "c"])
+    plan = Protocol("sequential", ["a", "b", "c"], ["a", "b", "c"])
     m = [[.5, .5, .5], [.9, .6, .5], [.8, .9, .5], [.7, .7, .9]]
     s = probe_summary(plan.mode, plan.stages, plan.probed, m)
     assert s["degradation"] == pytest.approx({"a": .2, "b": .2, "c": 0.0})
@@ -203,5 +203,5 @@ def test_cli_errors_are_one_line(recipe_file, tmp_path, tiny_model_dir, quicksta
 
 def test_shipped_probe_recipe_plans_four_glue_stages():
     r = load_probe_recipe("probe_sequential")
-    assert P.make_plan(r, "sequential").stages == ["sst2", "qnli", "qqp", "rte"]
+    assert make_protocol(r, "sequential").stages == ["sst2", "qnli", "qqp", "rte"]
     assert r.probe.tasks["qnli"].split.source == "eval" and r.probe.tasks["qqp"].split.source == "train"

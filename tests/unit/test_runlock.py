@@ -12,7 +12,7 @@ import pytest
 
 from finetune_cli.engine.launch import torchrun_command, without_nproc
 from finetune_cli.errors import RunDirError
-from finetune_cli.rundir import LOCK, RunLock, check_run_dir
+from finetune_cli.rundir import LOCK, RunDir, RunLock
 
 HOLD = "import sys, time; from finetune_cli.rundir import RunLock; RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)"
 
@@ -46,12 +46,12 @@ def test_overwrite_keeps_the_lock_and_the_lock_alone_is_an_empty_directory(tmp_p
     run = recipe.run_dir
     lock = RunLock(run).acquire()
     try:
-        assert check_run_dir(run, recipe, overwrite=False) is None  # only the lock file: a new run
+        assert RunDir(run).claim(recipe, overwrite=False) is False  # only the lock file: a new run
         (run / "junk").mkdir()
         (run / "junk.txt").write_text("x")
         with pytest.raises(RunDirError, match="holds no finetune run"):
-            check_run_dir(run, recipe, overwrite=False)
-        assert check_run_dir(run, recipe, overwrite=True) is None
+            RunDir(run).claim(recipe, overwrite=False)
+        assert RunDir(run).claim(recipe, overwrite=True) is False
         assert sorted(p.name for p in run.iterdir()) == [LOCK]
         with pytest.raises(RunDirError, match="in use"):
             RunLock(run).acquire()
@@ -93,13 +93,13 @@ def test_another_ranks_write_probe_does_not_make_the_run_dir_look_used(tmp_path)
     from finetune_cli.errors import RunDirError
     from finetune_cli.fsutil import WRITE_TEST_PREFIX
     from finetune_cli.pipelines.recipes import load_recipe
-    from finetune_cli.rundir import check_run_dir
+    from finetune_cli.rundir import RunDir
 
     run_dir = tmp_path / "runs" / "x"
     run_dir.mkdir(parents=True)
     (run_dir / f"{WRITE_TEST_PREFIX}abc.tmp").write_text("")
     recipe = load_recipe("quickstart", [f"output.dir={tmp_path / 'runs'}", "output.name=x"])
-    assert check_run_dir(run_dir, recipe, overwrite=False) is None
+    assert RunDir(run_dir).claim(recipe, overwrite=False) is False
     (run_dir / "stray.txt").write_text("")  # a real stranger still blocks
     with pytest.raises(RunDirError, match="not empty and holds no finetune run"):
-        check_run_dir(run_dir, recipe, overwrite=False)
+        RunDir(run_dir).claim(recipe, overwrite=False)

@@ -124,7 +124,7 @@ def test_length_grouping_keeps_padding_low_and_positives_present():
 def test_group_by_length_false_switches_to_the_ungrouped_variant(tiny_recipe, monkeypatch):
     from finetune_cli.data import sampling
     from finetune_cli.engine import trainer as tr
-    from finetune_cli.pipelines.recipes import load_recipe
+    from finetune_cli.pipelines.recipes import load_plan
     from finetune_cli.pipelines.train import run_train
     from finetune_cli.ui import UI
 
@@ -137,6 +137,6 @@ def test_group_by_length_false_switches_to_the_ungrouped_variant(tiny_recipe, mo
         return real(name, *a, **k)
 
     monkeypatch.setattr(tr, "epoch_batches", spy)
-    run_train(load_recipe(None, tiny_recipe("objective.name=scl", "data.group_by_length=false", "train.max_steps=1")),
+    run_train(load_plan(None, tiny_recipe("objective.name=scl", "data.group_by_length=false", "train.max_steps=1")),
               UI(quiet=True), device="cpu")
     assert set(used) == {"class_balanced_ungrouped"}

@@ -149,7 +149,8 @@ def test_sweep_runs_resumes_and_writes_a_best_recipe(tiny_recipe, tmp_path, monk
     res = runner.invoke(app, args)
     assert res.exit_code == 0 and trainings == []
     res = runner.invoke(app, [a.replace("choice:0.1,0.5", "choice:0.1,0.7") for a in args])
-    assert res.exit_code == 2 and "holds a different sweep (params differs)" in res.stderr
+    assert res.exit_code == 2 and "holds a different sweep (params[" in res.stderr
+    assert "choice:0.1,0.5' there, " in res.stderr and "choice:0.1,0.7' now)" in res.stderr
 
 
 def test_sweep_human_table_and_pruning_callback(tiny_recipe, tmp_path):

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from finetune_cli.engine import device_info, tracking
-from finetune_cli.pipelines.recipes import load_recipe
+from finetune_cli.pipelines.recipes import load_plan, load_recipe
 from finetune_cli.pipelines.train import run_train
 from finetune_cli.recipe import RecipeError
 from finetune_cli.ui import UI
 
 
 def _train(overrides):
-    return run_train(load_recipe(None, overrides), UI(quiet=True), device="cpu")
+    return run_train(load_plan(None, overrides), UI(quiet=True), device="cpu")
 
 
 def _records(run_dir):
@@ -165,7 +165,7 @@ def test_gpu_memory_fields_reach_metrics_summary_and_progress(tiny_recipe, monke
 
     ui = Capture()
     ui.plain = True  # plain log lines (what CI sees) carry the same fields as the bar
-    out = run_train(load_recipe(None, tiny_recipe()), ui, device="cpu")
+    out = run_train(load_plan(None, tiny_recipe()), ui, device="cpu")
     train_recs = [r for r in _records(out.run_dir) if "loss" in r]
     assert train_recs and all(r["gpu_mem_peak_gb"] == 2.0 for r in train_recs)
     assert [r["gpu_mem_gb"] for r in train_recs] == [0.25 * (i + 1) for i in range(len(train_recs))]

@@ -14,7 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from finetune_cli.cli.main import app
-from finetune_cli.pipelines.recipes import load_recipe
+from finetune_cli.pipelines.recipes import load_plan, load_recipe
 from finetune_cli.pipelines.train import run_train
 from finetune_cli.ui import UI
 
@@ -72,7 +72,7 @@ def test_every_classification_objective_saves_a_native_classifier(objective, arc
     from transformers import pipeline
 
     base = tiny_model_dir if arch == "bert" else tiny_roberta_dir
-    out = run_train(load_recipe(None, tiny_recipe(f"model.name={base}", f"objective.name={objective}",
+    out = run_train(load_plan(None, tiny_recipe(f"model.name={base}", f"objective.name={objective}",
                                                   "train.max_steps=2", "train.eval_every=2", "train.save_every=2")),
                     UI(quiet=True), device="cpu")
     run = out.run_dir
@@ -127,7 +127,7 @@ def test_r4f_head_is_saved_folded_and_equals_the_evaluated_function(tiny_model_d
 def test_pooled_head_is_refused_by_transformers_and_documented(tiny_recipe):
     from transformers import AutoModel, AutoModelForSequenceClassification, pipeline
 
-    out = run_train(load_recipe(None, tiny_recipe("model.head=pooled", "train.max_steps=2", "train.eval_every=2")),
+    out = run_train(load_plan(None, tiny_recipe("model.head=pooled", "train.max_steps=2", "train.eval_every=2")),
                     UI(quiet=True), device="cpu")
     folder = out.run_dir / "best"
     for load in (AutoModelForSequenceClassification.from_pretrained, AutoModel.from_pretrained,
@@ -140,7 +140,7 @@ def test_pooled_head_is_refused_by_transformers_and_documented(tiny_recipe):
 
 
 def test_model_card_front_matter_and_body(tiny_recipe):
-    out = run_train(load_recipe(None, tiny_recipe("objective.name=scl", "train.max_steps=2", "train.eval_every=2")),
+    out = run_train(load_plan(None, tiny_recipe("objective.name=scl", "train.max_steps=2", "train.eval_every=2")),
                     UI(quiet=True), device="cpu")
     text = (out.run_dir / "best" / "README.md").read_text()
     front = yaml.safe_load(text.split("---")[1])
@@ -172,7 +172,7 @@ def test_regression_end_to_end(tmp_path, tiny_model_dir):
             f"data.train={train}", f"data.eval={dev}", "data.columns.text=s1", "data.columns.text_pair=s2",
             "data.columns.label=score", "train.batch_size=8", "train.max_steps=4", "train.eval_every=2",
             "train.lr=1e-3", f"output.dir={tmp_path / 'runs'}", "output.name=reg"]
-    out = run_train(load_recipe(None, base), UI(quiet=True), device="cpu")
+    out = run_train(load_plan(None, base), UI(quiet=True), device="cpu")
     assert out.summary["metric"] == "pearson" and set(out.summary["final_eval"]) == {"pearson", "spearman"}
     cfg = json.loads((out.run_dir / "best" / "config.json").read_text())
     assert cfg["problem_type"] == "regression" and cfg["num_labels"] == 1 if "num_labels" in cfg else True
@@ -212,7 +212,7 @@ def test_multi_label_end_to_end(tmp_path, tiny_model_dir, form):
     base = [f"model.name={tiny_model_dir}", "model.max_length=32", f"data.train={f}", f"data.eval={f}",
             "train.batch_size=8", "train.max_steps=4", "train.eval_every=2", "train.lr=1e-3",
             f"output.dir={tmp_path / 'runs'}", "output.name=ml", *extra]
-    out = run_train(load_recipe(None, base), UI(quiet=True), device="cpu")
+    out = run_train(load_plan(None, base), UI(quiet=True), device="cpu")
     assert out.summary["labels"] == ["funny", "neg", "pos"] and out.summary["metric"] == "f1_micro"
     assert set(out.summary["final_eval"]) == {"f1_micro", "f1_macro", "subset_accuracy"}
     cfg = json.loads((out.run_dir / "best" / "config.json").read_text())
@@ -243,7 +243,7 @@ def test_several_labels_without_multi_label_config_is_one_line_error(tmp_path, t
 
 @pytest.mark.parametrize("ext", ["csv", "tsv", "jsonl", "parquet"])
 def test_predict_rows_columns_probabilities(tmp_path, tiny_recipe, quickstart_data, ext):
-    out = run_train(load_recipe(None, tiny_recipe("train.max_steps=2", "train.eval_every=2")), UI(quiet=True),
+    out = run_train(load_plan(None, tiny_recipe("train.max_steps=2", "train.eval_every=2")), UI(quiet=True),
                     device="cpu")
     rows = list(csv.DictReader(open(quickstart_data["eval"]), delimiter="\t"))[:20]
     src = tmp_path / "in.jsonl"
