@@ -26,7 +26,6 @@ import contextlib
 import copy
 import json
 import math
-import random
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,7 +34,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from finetune_cli.data.encode import EncodedData, collate, pin, to_device
@@ -48,10 +46,10 @@ from finetune_cli.engine.distributed import (
     freeze_unused_parameters,
     init_distributed,
     launched_world_size,
-    rank_seed,
 )
 from finetune_cli.engine.head_refit import refit_head, refit_target
 from finetune_cli.engine.inference import sharded
+from finetune_cli.engine.rng import capture_rng, rank_seed, restore_rng, seed_everything
 from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, clean_stale_temps
 from finetune_cli.recipe import TrainConfig
@@ -96,29 +94,6 @@ class Interrupted(Exception):
     def __init__(self, checkpoint: Optional[Path]):
         super().__init__(str(checkpoint))
         self.checkpoint = checkpoint
-
-
-# ---- RNG --------------------------------------------------------------------------------------
-
-def capture_rng() -> dict[str, Any]:
-    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        st["cuda"] = torch.cuda.get_rng_state_all()
-    return st
-
-
-def restore_rng(st: dict[str, Any]) -> None:
-    random.setstate(st["python"])
-    np.random.set_state(st["numpy"])
-    torch.set_rng_state(st["torch"])
-    if "cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 # ---- device -----------------------------------------------------------------------------------

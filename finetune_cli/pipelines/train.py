@@ -109,7 +109,7 @@ def _train_locked(recipe: Recipe, ui, procs: Processes, *, device: str, data_dir
         model, tokenizer, _ = load_text_model(str(ck / rundir.CHECKPOINT_MODEL))
         ui.log(f"resuming from {ck}")
     else:
-        from finetune_cli.engine.trainer import seed_everything
+        from finetune_cli.engine.rng import seed_everything
 
         model, tokenizer = build_text_model(
             recipe.model.name, lambda enc_dropout: head_spec(recipe, cls, data.num_labels, enc_dropout),
