@@ -21,9 +21,9 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Optional, TypeVar
 
-import numpy as np
 import torch
 
+from finetune_cli.engine.rng import capture_rng, restore_rng
 from finetune_cli.errors import FinetuneError
 
 T = TypeVar("T")
@@ -152,15 +152,6 @@ def set_parent_death_signal() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def rank_seed(seed: int, rank: int) -> int:
-    """The seed of rank ``rank``'s random stream (dropout, noise). Rank 0 keeps the recipe's seed, so
-    a one-process run is what it always was; other ranks get independent streams derived from
-    (seed, rank), so their dropout masks are not copies of rank 0's."""
-    if rank == 0:
-        return seed
-    return int(np.random.SeedSequence([seed, rank]).generate_state(1, dtype=np.uint64)[0] % 2**63)
-
-
 # ---- stop requests ----------------------------------------------------------------------------
 
 class StopRequests:
@@ -219,8 +210,6 @@ def freeze_unused_parameters(model: torch.nn.Module, probe: Callable[[], torch.T
     Why not ``find_unused_parameters=True``: it walks the autograd graph every step to find the
     same answer this finds once.
     """
-    from finetune_cli.engine.trainer import capture_rng, restore_rng
-
     rng = capture_rng()
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

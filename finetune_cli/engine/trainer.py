@@ -26,8 +26,6 @@ import contextlib
 import copy
 import json
 import math
-import random
-import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +33,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from finetune_cli.data.encode import EncodedData, collate, pin, to_device
@@ -48,14 +45,14 @@ from finetune_cli.engine.distributed import (
     freeze_unused_parameters,
     init_distributed,
     launched_world_size,
-    rank_seed,
 )
 from finetune_cli.engine.head_refit import refit_head, refit_target
 from finetune_cli.engine.inference import sharded
+from finetune_cli.engine.rng import capture_rng, rank_seed, restore_rng, seed_everything
 from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, clean_stale_temps
 from finetune_cli.recipe import TrainConfig
-from finetune_cli.rundir import BEST, CHECKPOINT_MODEL, METRICS, STATE_FILE, checkpoint_step, list_checkpoints
+from finetune_cli.rundir import BEST_METRICS, CHECKPOINT_MODEL, CHECKPOINT_RECIPE, STATE_FILE, RunDir
 
 
 @dataclass
@@ -96,29 +93,6 @@ class Interrupted(Exception):
     def __init__(self, checkpoint: Optional[Path]):
         super().__init__(str(checkpoint))
         self.checkpoint = checkpoint
-
-
-# ---- RNG --------------------------------------------------------------------------------------
-
-def capture_rng() -> dict[str, Any]:
-    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        st["cuda"] = torch.cuda.get_rng_state_all()
-    return st
-
-
-def restore_rng(st: dict[str, Any]) -> None:
-    random.setstate(st["python"])
-    np.random.set_state(st["numpy"])
-    torch.set_rng_state(st["torch"])
-    if "cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 # ---- device -----------------------------------------------------------------------------------
@@ -229,6 +203,7 @@ class Trainer:
                  ui, recipe_yaml: str, device: str = "auto", sampler: str = "length_grouped",
                  callbacks: Sequence[Callable[[Trainer, TrainState], None]] = (), prefetch: bool = True):
         self.cfg, self.run_dir, self.ui = cfg, Path(run_dir), ui
+        self.run = RunDir(self.run_dir)
         self.prefetch = prefetch
         self.train_data, self.pad_id = train_data, pad_id
         self.save_model_fn, self.evaluate_fn = save_model, evaluate
@@ -306,7 +281,7 @@ class Trainer:
 
     def save_checkpoint(self, rng: Optional[dict[str, Any]] = None) -> Path:
         """Write ``checkpoint-<step>/`` atomically (a temp dir renamed into place), then prune."""
-        target = self.run_dir / f"checkpoint-{self.state.step}"
+        target = self.run.checkpoint(self.state.step)
         rngs = self.procs.gather_to_main(rng or capture_rng())  # every rank's own stream
         if self.is_main:
             with atomic_dir(target) as tmp:
@@ -318,12 +293,9 @@ class Trainer:
                     save_state(self.acc.scaler.state_dict(), tmp, "scaler")
                 for r, rank_rng in enumerate(rngs):
                     save_state(rank_rng, tmp, f"rng-{r}")
-                (tmp / "recipe.yaml").write_text(self.recipe_yaml)
+                (tmp / CHECKPOINT_RECIPE).write_text(self.recipe_yaml)
                 (tmp / STATE_FILE).write_text(json.dumps(asdict(self.state), indent=2))
-            keep = {self.state.step}
-            for old in list_checkpoints(self.run_dir)[: -self.cfg.keep_checkpoints]:
-                if checkpoint_step(old) not in keep:
-                    shutil.rmtree(old, ignore_errors=True)
+            self.run.prune(keep=self.cfg.keep_checkpoints, protect=self.state.step)
         self.acc.wait_for_everyone()
         return target
 
@@ -338,19 +310,15 @@ class Trainer:
         self._truncate_metrics(self.state.step, drop_eval=self.state.eval_pending)
 
     def _checkpoint_rng(self, ck: Path) -> Optional[dict[str, Any]]:
-        """This rank's RNG state: ``rng-<rank>``; a one-process checkpoint of finetune <= 0.2 has a
-        single ``rng``. A rank the checkpoint has no state for (it was written by fewer processes)
-        gets None: a fresh stream, and the resume is not exact (the batches differ anyway)."""
-        if has_state(ck, f"rng-{self.rank}"):
-            return load_state(ck, f"rng-{self.rank}")
-        if has_state(ck, "rng") and self.rank == 0:
-            return load_state(ck, "rng")
-        return None
+        """This rank's RNG state, ``rng-<rank>``. A rank the checkpoint has no state for (it was
+        written by fewer processes) gets None: a fresh stream, and the resume is not exact (the
+        batches differ anyway)."""
+        return load_state(ck, f"rng-{self.rank}") if has_state(ck, f"rng-{self.rank}") else None
 
     def _truncate_metrics(self, step: int, drop_eval: bool = False) -> None:
         """Drop metric lines logged after the checkpoint we resume from (they will be logged again),
         and its own evaluation line when that evaluation is to be rerun (``drop_eval``)."""
-        f = self.run_dir / METRICS
+        f = self.run.metrics_file
         if not (self.is_main and f.is_file()):
             return
 
@@ -370,7 +338,7 @@ class Trainer:
 
     def _log_metrics(self, record: dict[str, Any]) -> None:
         if self.is_main:
-            with (self.run_dir / METRICS).open("a") as f:
+            with (self.run.metrics_file).open("a") as f:
                 f.write(json.dumps(record) + "\n")
         tracking.log(self.acc, record)
 
@@ -399,9 +367,9 @@ class Trainer:
         if better:
             st.best_metric, st.best_step, st.evals_without_improvement = value, st.step, 0
             if self.is_main:
-                with atomic_dir(self.run_dir / BEST) as tmp:
+                with atomic_dir(self.run.best) as tmp:
                     self.save_model_fn(self.unwrapped(), tmp)
-                    atomic_write_json(tmp / "eval_metrics.json", {"step": st.step, **metrics})
+                    atomic_write_json(tmp / BEST_METRICS, {"step": st.step, **metrics})
         else:
             st.evals_without_improvement += 1
         self._log_metrics({"step": st.step, "epoch": st.epoch, **{f"eval/{k}": v for k, v in metrics.items()}})
@@ -430,7 +398,7 @@ class Trainer:
         if self.state.step == 0:
             return None
         if self.state.step == last_save_step:
-            return self.run_dir / f"checkpoint-{self.state.step}"
+            return self.run.checkpoint(self.state.step)
         return self.save_checkpoint(rng=rng)
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -470,10 +438,10 @@ class Trainer:
             host = dict(zip(keys, flat[pos:pos + len(keys)], strict=True))
             pos += len(keys)
             if not math.isfinite(host["loss"]):
-                good = [c for c in list_checkpoints(self.run_dir) if checkpoint_step(c) < step]
+                good = self.run.last_good_checkpoint(step)
                 raise TrainingError(
                     f"loss is {host['loss'] / n_micro} at step {step} (epoch {epoch + 1}); stopped. "
-                    f"Last good checkpoint: {good[-1] if good else 'none'}")
+                    f"Last good checkpoint: {good or 'none'}")
             for k, v in host.items():
                 st.log_window[k] = st.log_window.get(k, 0.0) + v / n_micro
             st.log_window_steps += 1
@@ -499,7 +467,7 @@ class Trainer:
             st = self.state
         self._seed(resume_from)
         if resume_from is None and self.is_main:  # a run that died before its first checkpoint: its log starts afresh
-            (self.run_dir / METRICS).unlink(missing_ok=True)
+            (self.run.metrics_file).unlink(missing_ok=True)
         import yaml
 
         tracking.start(self.acc, cfg.report_to, self.run_dir, yaml.safe_load(self.recipe_yaml) or {},

@@ -69,7 +69,7 @@ def probe_encoder(model_name: str, tasks: dict[str, dict], r: ProbeRecipe, devic
 
 def probe_model(model, tokenizer, tasks: dict[str, dict], r: ProbeRecipe) -> dict[str, float]:
     """Linear probes on ``model``'s pooled features; the encoder is only read (no_grad, eval mode)."""
-    from finetune_cli.engine.trainer import seed_everything
+    from finetune_cli.engine.rng import seed_everything
 
     model.eval()
     for p in model.parameters():
