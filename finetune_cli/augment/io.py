@@ -91,6 +91,41 @@ def _pick_columns(names: list[str], src: str) -> tuple[str, ...]:
                     f"{', '.join(names[:12])}); pass --column NAME (twice for pairs)")
 
 
+def _read_delimited(path: Path, fmt: str, src: str, wanted: tuple[str, ...], header: str):
+    """A TSV/CSV input: ``(column names, text columns, has_header, table)``."""
+    first = _first_row(path, fmt, src)
+    if first is None:
+        raise DataError(f"data file {src} is empty")
+    if header == "yes":
+        has_header = True
+    elif header == "no":
+        has_header = False
+    else:  # auto: a header when it holds the named columns (or a usual text column when none is named)
+        named = [c for c in wanted if not c.isdigit()]
+        has_header = all(c in first for c in named) if named else (
+            not wanted and any(c in first for c in KNOWN_SINGLE + tuple(x for p in KNOWN_PAIRS for x in p)))
+    if has_header:
+        if len(set(first)) != len(first):
+            dup = next(c for c in first if first.count(c) > 1)
+            raise DataError(f"column `{dup}` appears twice in the header of {src}")
+        names = first
+        colmap: dict[str, Any] = {n: n for n in names}
+    else:
+        names = [str(i) for i in range(len(first))]
+        colmap = {n: int(n) for n in names}
+    if not wanted:
+        if not has_header:
+            raise DataError(f"no --column given and none of the usual text columns in {src} (first row: "
+                            f"{', '.join(first[:12])}); pass --column NAME, or a 0-based index for a file "
+                            f"without header")
+        wanted = _pick_columns(names, src)
+    for c in wanted:
+        if c not in names:
+            raise DataError(f"missing column `{c}` in {src} (header: {', '.join(first[:12]) if has_header else 'none'})")
+    table = read_file(src, colmap, fmt, "yes" if has_header else "no", hint=CONVERT_HINT)
+    return names, wanted, has_header, table
+
+
 def read_input(src: str, fmt: str = "auto", columns: tuple[str, ...] = (), header: str = "auto") -> InputData:
     """Read every column of the input with the project's readers; check the text columns (``columns``,
     or the usual text columns when none are named)."""
@@ -100,36 +135,7 @@ def read_input(src: str, fmt: str = "auto", columns: tuple[str, ...] = (), heade
     fmt = detect_format(path, fmt)
     wanted = tuple(columns)
     if fmt in ("tsv", "csv"):
-        first = _first_row(path, fmt, src)
-        if first is None:
-            raise DataError(f"data file {src} is empty")
-        if header == "yes":
-            has_header = True
-        elif header == "no":
-            has_header = False
-        else:  # auto: a header when it holds the named columns (or a usual text column when none is named)
-            named = [c for c in wanted if not c.isdigit()]
-            has_header = all(c in first for c in named) if named else (
-                not wanted and any(c in first for c in KNOWN_SINGLE + tuple(x for p in KNOWN_PAIRS for x in p)))
-        if has_header:
-            if len(set(first)) != len(first):
-                dup = next(c for c in first if first.count(c) > 1)
-                raise DataError(f"column `{dup}` appears twice in the header of {src}")
-            names = first
-            colmap: dict[str, Any] = {n: n for n in names}
-        else:
-            names = [str(i) for i in range(len(first))]
-            colmap = {n: int(n) for n in names}
-        if not wanted:
-            if not has_header:
-                raise DataError(f"no --column given and none of the usual text columns in {src} (first row: "
-                                f"{', '.join(first[:12])}); pass --column NAME, or a 0-based index for a file "
-                                f"without header")
-            wanted = _pick_columns(names, src)
-        for c in wanted:
-            if c not in names:
-                raise DataError(f"missing column `{c}` in {src} (header: {', '.join(first[:12]) if has_header else 'none'})")
-        table = read_file(src, colmap, fmt, "yes" if has_header else "no", hint=CONVERT_HINT)
+        names, wanted, has_header, table = _read_delimited(path, fmt, src, wanted, header)
     elif fmt == "txt":
         has_header = False
         names = ["text"]

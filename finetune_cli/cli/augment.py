@@ -15,7 +15,7 @@ ED = "Edits (no model)"
 
 
 @handle_errors
-def augment(
+def augment(  # long: one parameter per command-line option (Typer)
     input: Annotated[str, typer.Option("--input", "-i", help="Data file (tsv, csv, jsonl, json, parquet, txt).")],
     output: Annotated[str, typer.Option("--output", "-o", help="File to write; its extension picks the format.")],
     column: Annotated[Optional[list[str]], typer.Option(
@@ -82,6 +82,10 @@ def augment(
     if json_out:
         emit_json(res.to_dict())
         return
+    _render(res, ui)
+
+
+def _render(res, ui: UI) -> None:
     from rich.table import Table
 
     t = Table(title=f"augment ({res.method}) -> {res.output}", show_header=False)

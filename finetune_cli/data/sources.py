@@ -103,6 +103,57 @@ def _rows_delimited(text: str, delimiter: str, quoting: bool) -> list[list[str]]
     return [line.rstrip("\r\n").split(delimiter) for line in f if line.strip("\r\n")]
 
 
+def _delimited_table(path: Path, path_str: str, fmt: str, wanted: Mapping[str, Col], header: str, encoding: str,
+                     hint: str) -> Table:
+    rows = _rows_delimited(decode_file(path, path_str, encoding, hint), "\t" if fmt == "tsv" else ",",
+                           quoting=(fmt == "csv"))
+    if not rows:
+        raise DataError(f"data file {path_str} is empty")
+    names_wanted = [v for v in wanted.values() if isinstance(v, str)]
+    has_header = header == "yes" or (header == "auto" and bool(names_wanted) and all(n in rows[0] for n in names_wanted))
+    if header == "auto" and names_wanted and not has_header and not all(v.isdigit() for v in names_wanted):
+        missing = [n for n in names_wanted if n not in rows[0]]
+        raise DataError(f"missing column `{missing[0]}` in {path_str} (header: {', '.join(rows[0][:12])})")
+    head = rows[0] if has_header else []
+    body = rows[1:] if has_header else rows
+    first_line = 2 if has_header else 1
+    idx = {}
+    for logical, col in wanted.items():
+        if isinstance(col, int) or (isinstance(col, str) and col.isdigit() and col not in head):
+            idx[logical] = int(col)
+        elif col in head:
+            idx[logical] = head.index(col)
+        else:
+            raise DataError(f"missing column `{col}` in {path_str} (header: {', '.join(head[:12]) or 'none'})")
+    need = max(idx.values()) + 1 if idx else 0
+    cols: dict[str, list[Any]] = {k: [] for k in idx}
+    for n, row in enumerate(body):
+        if len(row) < need:
+            raise DataError(f"row {n + first_line} of {path_str} has {len(row)} fields, expected at least {need}")
+        for k, i in idx.items():
+            cols[k].append(row[i])
+    return Table(cols, path_str, row_ids=list(range(first_line, first_line + len(body))))
+
+
+def _json_file_records(path: Path, path_str: str, fmt: str, encoding: str, hint: str) -> list[Any]:
+    text = decode_file(path, path_str, encoding, hint)
+    if fmt == "jsonl":
+        records = []
+        for n, line in enumerate(text.split("\n"), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"malformed JSON in {path_str}: {e.msg} at line {n}, column {e.colno}") from None
+    else:
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"malformed JSON in {path_str}: {e.msg} at line {e.lineno}") from None
+        records = json_records(obj, path_str)
+    return records
+
+
 def read_file(path_str: str, colmap: Mapping[str, Optional[Col]], fmt: str = "auto", header: str = "auto",
               encoding: str = "utf-8", hint: str = ENCODING_HINT) -> Table:
     """Read ``path`` and pick the columns named in ``colmap`` (logical name -> column name or index).
@@ -116,51 +167,9 @@ def read_file(path_str: str, colmap: Mapping[str, Optional[Col]], fmt: str = "au
     fmt = detect_format(path, fmt)
     wanted = {k: v for k, v in colmap.items() if v is not None}
     if fmt in ("tsv", "csv"):
-        rows = _rows_delimited(decode_file(path, path_str, encoding, hint), "\t" if fmt == "tsv" else ",",
-                               quoting=(fmt == "csv"))
-        if not rows:
-            raise DataError(f"data file {path_str} is empty")
-        names_wanted = [v for v in wanted.values() if isinstance(v, str)]
-        has_header = header == "yes" or (header == "auto" and bool(names_wanted) and all(n in rows[0] for n in names_wanted))
-        if header == "auto" and names_wanted and not has_header and not all(v.isdigit() for v in names_wanted):
-            missing = [n for n in names_wanted if n not in rows[0]]
-            raise DataError(f"missing column `{missing[0]}` in {path_str} (header: {', '.join(rows[0][:12])})")
-        head = rows[0] if has_header else []
-        body = rows[1:] if has_header else rows
-        first_line = 2 if has_header else 1
-        idx = {}
-        for logical, col in wanted.items():
-            if isinstance(col, int) or (isinstance(col, str) and col.isdigit() and col not in head):
-                idx[logical] = int(col)
-            elif col in head:
-                idx[logical] = head.index(col)
-            else:
-                raise DataError(f"missing column `{col}` in {path_str} (header: {', '.join(head[:12]) or 'none'})")
-        need = max(idx.values()) + 1 if idx else 0
-        cols: dict[str, list[Any]] = {k: [] for k in idx}
-        for n, row in enumerate(body):
-            if len(row) < need:
-                raise DataError(f"row {n + first_line} of {path_str} has {len(row)} fields, expected at least {need}")
-            for k, i in idx.items():
-                cols[k].append(row[i])
-        return Table(cols, path_str, row_ids=list(range(first_line, first_line + len(body))))
+        return _delimited_table(path, path_str, fmt, wanted, header, encoding, hint)
     if fmt in ("jsonl", "json"):
-        text = decode_file(path, path_str, encoding, hint)
-        if fmt == "jsonl":
-            records = []
-            for n, line in enumerate(text.split("\n"), 1):
-                if line.strip():
-                    try:
-                        records.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise DataError(f"malformed JSON in {path_str}: {e.msg} at line {n}, column {e.colno}") from None
-        else:
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise DataError(f"malformed JSON in {path_str}: {e.msg} at line {e.lineno}") from None
-            records = json_records(obj, path_str)
-        return _from_records(records, wanted, path_str)
+        return _from_records(_json_file_records(path, path_str, fmt, encoding, hint), wanted, path_str)
     if fmt == "parquet":
         try:
             import pyarrow  # noqa: F401

@@ -4,8 +4,11 @@ The study itself (one trial = the recipe over several seeds) is composed in ``pi
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 import yaml
@@ -158,3 +161,56 @@ def dotted_value(recipe, key: str) -> Any:
     for k in key.split("."):
         node = node.get(k) if isinstance(node, dict) else None
     return node
+
+
+def requeue_interrupted(study, TS, trials: int, sweep_dir: Path, ui) -> int:
+    """Trials cut short by an interruption (FAIL without a recorded training error) are tried again
+    with the same parameters in the same folder, unless a later trial already did. Returns how
+    many trials are left to run."""
+    existing = study.get_trials(deepcopy=False)
+    covered = {t.user_attrs.get("run_dir") for t in existing
+               if t.state in (TS.COMPLETE, TS.PRUNED, TS.WAITING, TS.RUNNING) or "error" in t.user_attrs}
+    for t in existing:
+        rd = t.user_attrs.get("run_dir")
+        if t.state == TS.FAIL and "error" not in t.user_attrs and rd not in covered:
+            study.enqueue_trial(t.params, user_attrs={"run_dir": rd})
+            covered.add(rd)
+            ui.log(f"trial {t.number} was interrupted: trying its parameters again in {rd}")
+    done = sum(1 for t in existing if t.state in (TS.COMPLETE, TS.PRUNED) or
+               (t.state == TS.FAIL and "error" in t.user_attrs))
+    todo = max(0, trials - done)
+    if done:
+        ui.log(f"resuming sweep {sweep_dir}: {done} trial(s) done, {todo} to run")
+    return todo
+
+
+def sample_overrides(trial, specs: Sequence[ParamSpec]) -> list[str]:
+    """The trial's overrides, one per swept key."""
+    sampled = []
+    for s in specs:
+        if s.kind == "choice":
+            idx = s.choices.index(trial.suggest_categorical(s.key, list(s.choices)))
+            sampled.append(f"{s.key}={s.choices[idx]}")
+        elif s.kind == "int":
+            sampled.append(override(s.key, trial.suggest_int(s.key, int(s.low), int(s.high))))
+        else:
+            sampled.append(override(s.key, trial.suggest_float(s.key, s.low, s.high, log=s.kind == "loguniform")))
+    return sampled
+
+
+@dataclass
+class SweepResult:
+    sweep_dir: str
+    metric: str
+    direction: str
+    seeds: list[int]
+    params: list[str]
+    trials: list[TrialRow]
+    best: Optional[TrialRow] = None
+    baseline: Optional[TrialRow] = None
+    comparison: Optional[dict[str, Any]] = None
+    best_recipe: Optional[str] = None
+    ran_now: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -35,6 +35,8 @@ from typing import Any, ClassVar, Optional
 import torch
 from torch import nn
 
+from finetune_cli.metrics.tasks import LABEL_TYPES
+
 
 class Objective(nn.Module):
     name: ClassVar[str] = ""
@@ -52,6 +54,14 @@ class Objective(nn.Module):
 
     def forward(self, model: nn.Module, batch: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover
         raise NotImplementedError
+
+    @classmethod
+    def label_type_for(cls, problem_type: Optional[str]) -> Optional[str]:
+        """How labels are read: the problem type's kind (``float`` for regression, ``multi`` for
+        multi-label) for an objective with a classifier, else the objective's own label type."""
+        if cls.needs_classifier and problem_type in ("regression", "multi_label_classification"):
+            return LABEL_TYPES[problem_type]
+        return cls.label_type
 
 
 def check_range(name: str, value: float, *, gt: Optional[float] = None, ge: Optional[float] = None,

@@ -37,32 +37,19 @@ from finetune_cli.recipe import (
 
 R = TypeVar("R", Recipe, ProbeRecipe)
 
-# How a classifier's labels are read for each problem type (regression: a float score; multi-label:
-# a multi-hot row), whatever the objective's own label type says.
-PROBLEM_LABEL_TYPES = {"regression": "float", "multi_label_classification": "multi"}
 # Metrics only some runs add to the evaluation: the refitted head's training accuracy.
 REFIT_METRICS = ("refit_train_accuracy",)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything a command derives from a validated recipe, derived once.
-
-    Attributes:
-        recipe: the validated recipe (objective parameters coerced, ``train.metric`` and
-            ``model.problem_type`` resolved).
-        objective_cls: the objective's class (its data contract: columns, heads, sampler...).
-        params: the objective's hyper-parameters, defaults filled in (what the model card lists).
-        problem_type: transformers' ``problem_type`` of the classifier (``auto`` resolved).
-        label_type: how labels are read: ``class``, ``float``, ``multi`` or None (unlabelled).
-        evaluation: how training evaluates: ``classifier`` or ``similarity``.
-        metrics: what training's evaluation computes (``train.metric``, ``--expect`` on ``train``,
-            ``sweep --metric`` choose among these).
-        eval_metrics: what ``finetune eval`` reports for such a model (calibration added).
-        text_columns: text columns in the order the objective encodes them.
-        joint: text and text_pair in one sequence (cross-encoder), else each on its own.
-        sampler: the batch sampler's name (``data.group_by_length: false`` ungroups it).
-    """
+    """Everything a command derives from a validated recipe, derived once: the recipe (objective
+    parameters coerced, ``train.metric`` and ``model.problem_type`` resolved), the objective's class
+    (its data contract) and parameters with defaults, the label kind (``class``, ``float``,
+    ``multi`` or None), the evaluation kind (``classifier`` or ``similarity``), what training's
+    evaluation computes (``metrics``: ``train.metric``, ``--expect`` and ``sweep --metric`` choose
+    among them) and what ``finetune eval`` reports (``eval_metrics``), the text columns in encoding
+    order, whether a pair is one sequence (``joint``), and the batch sampler."""
 
     recipe: Recipe
     objective_cls: type[Objective]
@@ -101,7 +88,7 @@ class Plan:
         )
 
     def with_recipe(self, recipe: Recipe) -> Plan:
-        """The plan of ``recipe`` (another output folder, other data): resolved again, never patched."""
+        """The plan of ``recipe`` (other output, other data): resolved again, never patched."""
         return plan_for(recipe)
 
 
@@ -123,13 +110,6 @@ def resolve_problem_type(recipe: Union[Recipe, ProbeRecipe], cls: type[Objective
         raise RecipeError(f"objective `{cls.name}` trains {' / '.join(cls.problem_types)} only, but the recipe "
                           f"{recipe.source} is {problem} (model.problem_type); use objective `ce` for it")
     return problem
-
-
-def label_type_of(cls: type[Objective], problem_type: Optional[str]) -> Optional[str]:
-    """The objective's own label type, or the problem type's for an objective with a classifier."""
-    if cls.needs_classifier and problem_type in PROBLEM_LABEL_TYPES:
-        return PROBLEM_LABEL_TYPES[problem_type]
-    return cls.label_type
 
 
 def _metric_kind(cls: type[Objective], label_type: Optional[str]) -> Optional[str]:
@@ -154,7 +134,7 @@ def validate_recipe(recipe: R) -> R:
     problem = resolve_problem_type(recipe, cls)
     if problem is not None and problem != recipe.model.problem_type:
         recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, problem_type=problem))
-    names = _training_metrics(cls, label_type_of(cls, problem), recipe.train.refit_head)
+    names = _training_metrics(cls, cls.label_type_for(problem), recipe.train.refit_head)
     train, metric = recipe.train, recipe.train.metric
     if metric is None:
         train = dataclasses.replace(train, metric=names[0] if names else "loss")
@@ -178,7 +158,7 @@ def plan_for(recipe: Recipe) -> Plan:
     recipe = validate_recipe(recipe)
     cls = objective_class(recipe.objective.name)
     problem = recipe.model.problem_type
-    lt = label_type_of(cls, problem)
+    lt = cls.label_type_for(problem)
     return Plan(
         recipe=recipe, objective_cls=cls, params={**{k: p.default for k, p in registry.hyperparameters(cls).items()}, **recipe.objective.params},
         problem_type=problem, label_type=lt, evaluation=cls.evaluation,
@@ -198,7 +178,6 @@ def load_plan(path: str | Path | None, overrides: Sequence[str] = ()) -> Plan:
 
 
 def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recipe:
-    """The validated recipe alone (``load_plan(...).recipe``)."""
     return load_plan(path, overrides).recipe
 
 

@@ -4,10 +4,11 @@ one number per metric from (first found) ``eval.json`` (``finetune eval``, calib
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune_cli.errors import DataError, RunDirError
+from finetune_cli.errors import DataError, FinetuneError, RunDirError
 from finetune_cli.metrics.names import CALIBRATION_METRICS
 from finetune_cli.metrics.stats import metric_values
 from finetune_cli.rundir import BEST, BEST_METRICS, EVAL, SUMMARY, RunDir, read_json_object, seed_of
@@ -72,3 +73,14 @@ def load_run(run_dir: Path) -> RunRecord:
     objective = (recipe.get("objective") or {}).get("name", "?")
     return RunRecord(path=str(run_dir), group=name, fingerprint=stored.fingerprint(ignore_seeds=True), seed=int(seed),
                      objective=objective, source=source, task=task, metrics=metrics)
+
+
+def seed_values(run_dirs: Sequence[Path], seeds: Sequence[int], metric: str) -> dict[int, float]:
+    """The per-seed value ``finetune report`` would use for each finished run."""
+    out = {}
+    for seed, d in zip(seeds, run_dirs, strict=True):
+        rec = load_run(Path(d))
+        if metric not in rec.metrics:
+            raise FinetuneError(f"--metric {metric}: run {d} has no such metric (have: {', '.join(rec.metrics)})")
+        out[seed] = rec.metrics[metric]
+    return out

@@ -1,9 +1,8 @@
 """``finetune sweep``: a seed-aware hyper-parameter search with optuna.
 
-Each trial is the recipe plus sampled overrides, trained once per seed (``pipelines.multiseed``)
-into ``<sweep>/trials/trial-<n>/seed-<k>/``; its value is the mean over seeds of the metric that
-``finetune report`` reads for a run (``best/eval_metrics.json``: the best evaluation during
-training). The sampler is TPE, seeded; the median pruner stops a trial whose evaluation metric,
+Each trial is the recipe plus sampled overrides, trained once per seed into
+``<sweep>/trials/trial-<n>/seed-<k>/``; its value is the mean over seeds of the metric that
+``finetune report`` reads for a run. The sampler is TPE, seeded; the median pruner stops a trial whose evaluation metric,
 reported during training by a trainer callback, is worse than the median of earlier trials at the
 same point (step ``seed index × steps per seed + step``, so seeds line up across trials).
 
@@ -27,13 +26,13 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from finetune_cli.engine.search import (
     ParamSpec,
     PruneCallback,
+    SweepResult,
     TrialRow,
     bad_param,
     dotted_value,
@@ -41,12 +40,15 @@ from finetune_cli.engine.search import (
     mean_std_of,
     override,
     parse_param,
+    requeue_interrupted,
+    sample_overrides,
     trial_row,
 )
-from finetune_cli.errors import FinetuneError, TrainingError
+from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_write_json, atomic_write_text
 from finetune_cli.pipelines.multiseed import run_seeds
 from finetune_cli.pipelines.recipes import Plan, load_plan, load_recipe
+from finetune_cli.pipelines.runs import seed_values
 from finetune_cli.recipe import Recipe, RecipeError, closest
 from finetune_cli.rundir import same_job
 
@@ -60,8 +62,9 @@ def check_specs(recipe_path: str, overrides: Sequence[str], specs: Sequence[Para
             raise RecipeError(f"--param {k} is given twice")
     known = load_plan(recipe_path, [*overrides, "~train.metric"]).metrics
     if known and metric not in known:
+        hint = closest(metric, known)
         raise RecipeError(f"--metric {metric}: training of this recipe evaluates {', '.join(known)}"
-                          + closest(metric, known).replace("valid keys", "it computes"))
+                          + (hint if "did you mean" in hint else ""))
     overrides = [*overrides, f"train.metric={metric}"]
     base = load_plan(recipe_path, overrides)
     for s in specs:
@@ -73,41 +76,7 @@ def check_specs(recipe_path: str, overrides: Sequence[str], specs: Sequence[Para
     return base
 
 
-# ---- the study ---------------------------------------------------------------------------------
-
-STUDY_NAME = "finetune-sweep"
-
-
-@dataclass
-class SweepResult:
-    sweep_dir: str
-    metric: str
-    direction: str
-    seeds: list[int]
-    params: list[str]
-    trials: list[TrialRow]
-    best: Optional[TrialRow] = None
-    baseline: Optional[TrialRow] = None
-    comparison: Optional[dict[str, Any]] = None
-    best_recipe: Optional[str] = None
-    ran_now: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def seed_values(run_dirs: Sequence[Path], seeds: Sequence[int], metric: str) -> dict[int, float]:
-    """The per-seed value ``finetune report`` would use for each finished run."""
-    from finetune_cli.pipelines.runs import load_run
-
-    out = {}
-    for seed, d in zip(seeds, run_dirs, strict=True):
-        rec = load_run(Path(d))
-        if metric not in rec.metrics:
-            raise FinetuneError(f"--metric {metric}: run {d} has no such metric (have: {', '.join(rec.metrics)})")
-        out[seed] = rec.metrics[metric]
-    return out
-
+STUDY_NAME = "finetune-sweep"  # the optuna study inside <sweep>/study.db
 
 def _config(base: Recipe, specs: Sequence[ParamSpec], seeds: Sequence[int], metric: str, direction: str):
     d = base.to_dict()
@@ -137,7 +106,7 @@ def run_sweep(recipe_path: str, overrides: Sequence[str], params: Sequence[str],
         study_name=STUDY_NAME, storage=f"sqlite:///{sweep_dir.resolve() / 'study.db'}", load_if_exists=True,
         direction=direction, sampler=optuna.samplers.TPESampler(seed=sampler_seed),
         pruner=optuna.pruners.MedianPruner() if prune else optuna.pruners.NopPruner())
-    todo = _requeue_interrupted(study, optuna.trial.TrialState, trials, sweep_dir, ui)
+    todo = requeue_interrupted(study, optuna.trial.TrialState, trials, sweep_dir, ui)
     if todo:
         trial_fn = _trial_objective(recipe_path, overrides, specs, seeds, metric, sweep_dir, ui,
                                     prune=prune, device=device, data_dir=data_dir)
@@ -167,47 +136,12 @@ def _claim_sweep_dir(sweep_dir: Path, cfg: dict[str, Any]) -> None:
         atomic_write_json(cfg_file, cfg)
 
 
-def _requeue_interrupted(study, TS, trials: int, sweep_dir: Path, ui) -> int:
-    """Trials cut short by an interruption (FAIL without a recorded training error) are tried again
-    with the same parameters in the same folder, unless a later trial already did. Returns how
-    many trials are left to run."""
-    existing = study.get_trials(deepcopy=False)
-    covered = {t.user_attrs.get("run_dir") for t in existing
-               if t.state in (TS.COMPLETE, TS.PRUNED, TS.WAITING, TS.RUNNING) or "error" in t.user_attrs}
-    for t in existing:
-        rd = t.user_attrs.get("run_dir")
-        if t.state == TS.FAIL and "error" not in t.user_attrs and rd not in covered:
-            study.enqueue_trial(t.params, user_attrs={"run_dir": rd})
-            covered.add(rd)
-            ui.log(f"trial {t.number} was interrupted: trying its parameters again in {rd}")
-    done = sum(1 for t in existing if t.state in (TS.COMPLETE, TS.PRUNED) or
-               (t.state == TS.FAIL and "error" in t.user_attrs))
-    todo = max(0, trials - done)
-    if done:
-        ui.log(f"resuming sweep {sweep_dir}: {done} trial(s) done, {todo} to run")
-    return todo
-
-
-def _sample(trial, specs: Sequence[ParamSpec]) -> list[str]:
-    """The trial's overrides, one per swept key."""
-    sampled = []
-    for s in specs:
-        if s.kind == "choice":
-            idx = s.choices.index(trial.suggest_categorical(s.key, list(s.choices)))
-            sampled.append(f"{s.key}={s.choices[idx]}")
-        elif s.kind == "int":
-            sampled.append(override(s.key, trial.suggest_int(s.key, int(s.low), int(s.high))))
-        else:
-            sampled.append(override(s.key, trial.suggest_float(s.key, s.low, s.high, log=s.kind == "loguniform")))
-    return sampled
-
-
 def _trial_objective(recipe_path: str, overrides: Sequence[str], specs: Sequence[ParamSpec], seeds: Sequence[int],
                      metric: str, sweep_dir: Path, ui, *, prune: bool, device: str, data_dir: Optional[str]):
     """optuna's objective: train the sampled recipe on every seed, return the mean of ``metric``."""
 
     def objective(trial) -> float:
-        sampled = _sample(trial, specs)
+        sampled = sample_overrides(trial, specs)
         rd = trial.user_attrs.get("run_dir") or str(sweep_dir / "trials" / f"trial-{trial.number:03d}")
         trial.set_user_attr("run_dir", rd)
         trial.set_user_attr("overrides", sampled)

@@ -1,9 +1,8 @@
 """``finetune train``: a plan -> data -> model -> the engine -> a run directory.
 
-Read as three steps (torchtune's recipe shape): **setup** (claim the output folder, read the data,
-find the checkpoint to resume from, build the model and the trainer), **train** (the engine's one
-loop), **finish** (``final/``, the curves, ``summary.json``). The run folder's layout is
-``rundir.RunDir``'s.
+Three steps (torchtune's recipe shape): **setup** (claim the output folder, read the data, find the
+checkpoint to resume from, build the model and the trainer), **train** (the engine's one loop),
+**finish** (``final/``, the curves, ``summary.json``).
 
 Re-running the same recipe into the same directory resumes from its newest checkpoint (or does
 nothing if the run is complete); a different recipe there is refused unless ``overwrite``.
@@ -148,9 +147,7 @@ def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui
     return holder["trainer"]
 
 
-# ---- train -------------------------------------------------------------------------------------
-
-def _train(trainer: Trainer, ck: Optional[Path]):
+def _train(trainer: Trainer, ck: Optional[Path]):  # the engine's one loop
     try:
         return trainer.train(resume_from=ck)
     except Interrupted as e:

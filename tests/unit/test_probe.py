@@ -159,7 +159,7 @@ def test_sequential_end_to_end_and_resume(recipe_file, tiny_model_dir, monkeypat
     # an unfinished stage (probe file missing) runs again
     (out / "ce" / "probes" / "stage-01-b.json").unlink()
     calls = []
-    monkeypatch.setattr(P, "run_train", lambda *a, **k: calls.append(a[0].output.name))
+    monkeypatch.setattr(P, "run_train", lambda *a, **k: calls.append(a[0].recipe.output.name))
     res3 = runner.invoke(app, ["probe", "sequential", "-r", str(recipe_file), "--json", "--device", "cpu"])
     assert res3.exit_code == 0, res3.output
     assert calls == ["stage-01-b"]
