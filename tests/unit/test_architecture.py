@@ -72,7 +72,7 @@ def violations(root: Path, layers: dict[str, int] = LAYERS) -> list[str]:
         if src not in layers:
             bad.append(f"{path}: package `{src}` has no layer in LAYERS")
             continue
-        for _line, mod in imports_of(path, root):
+        for line, mod in imports_of(path, root):
             dst = _top(mod)
             if dst == src or dst == "__init__":
                 continue
