@@ -25,7 +25,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 TRACKING_DIR = "tracking"
 MLFLOW_RUN_ID = "mlflow_run_id"
@@ -111,8 +111,3 @@ def finish(acc) -> None:
         t.finish()
     if getattr(acc, "trackers", None):
         acc.trackers = []
-
-
-def tracker_dir(run_dir: Path) -> Optional[Path]:
-    p = Path(run_dir) / TRACKING_DIR
-    return p if p.is_dir() else None

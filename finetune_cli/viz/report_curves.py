@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_cli.errors import DataError
+from finetune_cli.rundir import METRICS
 
 
 def report_curves(rep, path: Path) -> tuple[Path, dict[str, Any]]:
@@ -19,7 +20,7 @@ def report_curves(rep, path: Path) -> tuple[Path, dict[str, Any]]:
 
     groups: dict[str, list] = {}
     for r in rep.runs:
-        f = Path(r.path) / "metrics.jsonl"
+        f = Path(r.path) / METRICS
         if not f.is_file():
             raise DataError(f"--curves: run {r.path} has no metrics.jsonl")
         groups.setdefault(r.group, []).append(read_metrics(f))
