@@ -52,7 +52,7 @@ class RunDirError(FinetuneError):
 
 
 class CorruptCheckpointError(RunDirError):
-    """A checkpoint file that cannot be read back (truncated, garbage, or an unsafe legacy pickle)."""
+    """A checkpoint file that cannot be read back (missing, truncated or garbage)."""
 
 
 class TrainingError(FinetuneError):

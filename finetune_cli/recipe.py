@@ -319,8 +319,8 @@ def build_section(cls: type, data: Any, prefix: str, src: str) -> Any:
 
 def _build_objective(data: Any, prefix: str, src: str) -> ObjectiveConfig:
     """The objective's name and raw parameters. Checking them against the objective's constructor
-    needs the objective classes, which live above this layer: ``objectives.registry.validate_recipe``
-    does it (``pipelines.recipes.load_recipe`` = this parse + that check)."""
+    needs the objective classes, which live above this layer: ``pipelines.recipes.plan_for`` does it
+    when it resolves the recipe into a plan."""
     if data is None:
         data = {}
     if isinstance(data, str):
@@ -442,7 +442,7 @@ def is_probe_tree(data: Mapping[str, Any]) -> bool:
 
 def parse_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recipe:
     """Read a training recipe and apply overrides; the schema is checked, the objective's own
-    parameters are not (see ``pipelines.recipes.load_recipe``)."""
+    parameters are not (see ``pipelines.recipes.load_plan``)."""
     data, src = read_recipe_source(path, overrides)
     if is_probe_tree(data):
         raise RecipeError(f"{src} is a probe recipe; run it with `finetune probe sequential` "
