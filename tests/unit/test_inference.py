@@ -1,4 +1,5 @@
-"""Batched inference: original order restored, one host transfer per output, inference mode."""
+"""Batched inference: original order restored, one host transfer per output, inference mode; the
+one precision rule."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import pytest
 import torch
 
 from finetune_cli.data.encode import EncodedData
+from finetune_cli.engine.device import autocast_dtype, resolve_precision
 from finetune_cli.engine.inference import forward_all
+from finetune_cli.errors import DeviceError, TrainingError
 from finetune_cli.models.loading import load_text_model
 from finetune_cli.models.text_model import HeadSpec
 
@@ -54,3 +57,37 @@ def test_forward_all_transfers_once_per_output_and_runs_in_inference_mode(model_
     forward_all(model, data, batch_size=4, pad_id=0, want=("logits", "embeddings"))
     assert len(modes) == 10 and all(modes)  # 37 rows in batches of 4
     assert calls["n"] == 2  # one per output, not one per batch
+
+
+# ---- the precision rule (every command: train, eval, predict, embed) ----------------------------
+
+@pytest.mark.parametrize("spec,device,has_bf16,want", [
+    ("auto", "cpu", True, "fp32"),   # the CPU is exact in fp32; bf16 only when asked
+    ("auto", "cuda", True, "bf16"),
+    ("auto", "cuda", False, "fp32"),
+    ("fp32", "cuda", True, "fp32"),
+    ("bf16", "cpu", False, "bf16"),  # allowed on the CPU (as train.precision=bf16 is), never picked by auto
+    ("bf16", "cuda", True, "bf16"),
+    ("fp16", "cuda", True, "fp16"),
+])
+def test_precision_rule(monkeypatch, spec, device, has_bf16, want):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: has_bf16)
+    assert resolve_precision(spec, torch.device(device)) == want
+    assert autocast_dtype(want) == {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[want]
+
+
+@pytest.mark.parametrize("spec,words", [("fp16", "needs a GPU"), ("fp8", "expected auto, fp32, bf16 or fp16"),
+                                        ("FP32", "expected")])
+def test_precision_rule_refusals_name_the_option(spec, words):
+    with pytest.raises(DeviceError, match=rf"^--precision .*{words}") as e:
+        resolve_precision(spec, torch.device("cpu"))
+    assert e.value.exit_code == 2 and "\n" not in str(e.value)
+
+
+def test_training_takes_the_same_rule():
+    from finetune_cli.engine.trainer import make_accelerator
+
+    assert make_accelerator("cpu", "auto").mixed_precision == "no"
+    with pytest.raises(TrainingError, match=r"^train\.precision fp16 needs a GPU") as e:
+        make_accelerator("cpu", "fp16")
+    assert e.value.exit_code == 3
