@@ -21,6 +21,7 @@ from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine import Interrupted, Trainer
 from finetune_cli.engine.checkpoint_io import states_problem
 from finetune_cli.engine.distributed import Processes, init_distributed
+from finetune_cli.engine.inference import pad_id as pad_id_of
 from finetune_cli.errors import RunDirError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
 from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
@@ -117,7 +118,7 @@ def _train_locked(recipe: Recipe, ui, procs: Processes, *, device: str, data_dir
             before_heads=lambda: seed_everything(recipe.train.seed), reinit_layers=recipe.model.reinit_layers)
     check_max_length(model, recipe.model.max_length, "model.max_length", recipe.model.name)
 
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = pad_id_of(tokenizer)
     t0 = time.perf_counter()
     train_enc = encode(recipe, cls, data.train, tokenizer)
     eval_fn = EVALUATORS[cls.evaluation].build(recipe, cls, data, tokenizer, pad_id, data_dir_from_env(data_dir))

@@ -1,7 +1,10 @@
 """Batched inference: original order restored, one host transfer per output, inference mode; the
-one precision rule."""
+one precision rule; the inference session that eval, predict and embed share."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -9,8 +12,8 @@ import torch
 
 from finetune_cli.data.encode import EncodedData
 from finetune_cli.engine.device import autocast_dtype, resolve_precision
-from finetune_cli.engine.inference import forward_all
-from finetune_cli.errors import DeviceError, TrainingError
+from finetune_cli.engine.inference import forward_all, open_session, pad_id
+from finetune_cli.errors import DeviceError, RecipeError, TrainingError
 from finetune_cli.models.loading import load_text_model
 from finetune_cli.models.text_model import HeadSpec
 
@@ -91,3 +94,50 @@ def test_training_takes_the_same_rule():
     with pytest.raises(TrainingError, match=r"^train\.precision fp16 needs a GPU") as e:
         make_accelerator("cpu", "fp16")
     assert e.value.exit_code == 3
+
+
+# ---- the session --------------------------------------------------------------------------------
+
+def test_pad_id_is_the_tokenizers_else_zero():
+    assert pad_id(SimpleNamespace(pad_token_id=1)) == 1
+    assert pad_id(SimpleNamespace(pad_token_id=None)) == 0
+
+
+def test_pad_id_is_computed_in_one_place():
+    pkg = Path(__file__).resolve().parents[2] / "finetune_cli"
+    hits = [f"{p.relative_to(pkg)}:{i}" for p in sorted(pkg.rglob("*.py"))
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "pad_token_id if" in line]
+    assert len(hits) == 1 and hits[0].startswith("engine/inference.py:"), hits
+
+
+def test_session_on_cpu_is_fp32_and_forwards_as_forward_all(tiny_model_dir, model_and_data):
+    _, data, _ = model_and_data
+    sess = open_session(str(tiny_model_dir), device="cpu")
+    assert (sess.device.type, sess.precision, sess.pad_id, sess.path) == ("cpu", "fp32", 0, str(tiny_model_dir))
+    assert sess.max_length == 128  # the tokenizer says 512; the model has 128 positions
+    assert not sess.model.training
+    got = sess.forward(data, 8, want=("embeddings",))["embeddings"]
+    ref = forward_all(sess.model, data, 8, 0, want=("embeddings",))["embeddings"]
+    np.testing.assert_array_equal(got, ref)
+    enc = sess.encode_texts(["a short one", "word " * 300])
+    assert enc.lengths.tolist() == [5, 128]  # cut at the session's length
+
+
+def test_session_refuses_a_length_over_the_models_positions(tiny_model_dir):
+    with pytest.raises(RecipeError, match=r"^model\.max_length 4096 .*position limit"):
+        open_session(str(tiny_model_dir), device="cpu", max_length=4096, length_key="model.max_length")
+
+
+def test_session_bf16_on_cpu_runs_under_autocast(tiny_model_dir, model_and_data, monkeypatch):
+    _, data, _ = model_and_data
+    fp32 = open_session(str(tiny_model_dir), device="cpu").forward(data, 8, want=("embeddings",))["embeddings"]
+    sess = open_session(str(tiny_model_dir), device="cpu", precision="bf16")
+    seen = []
+    real = type(sess.model).forward
+    monkeypatch.setattr(type(sess.model), "forward",
+                        lambda self, *a, **k: seen.append(torch.get_autocast_dtype("cpu")
+                                                          if torch.is_autocast_enabled("cpu") else None)
+                        or real(self, *a, **k))
+    bf16 = sess.forward(data, 8, want=("embeddings",))["embeddings"]
+    assert sess.precision == "bf16" and set(seen) == {torch.bfloat16}
+    assert bf16.dtype == np.float32 and np.allclose(bf16, fp32, atol=0.1) and not np.array_equal(bf16, fp32)
