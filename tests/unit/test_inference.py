@@ -3,6 +3,7 @@ one precision rule; the inference session that eval, predict and embed share."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -141,3 +142,39 @@ def test_session_bf16_on_cpu_runs_under_autocast(tiny_model_dir, model_and_data,
     bf16 = sess.forward(data, 8, want=("embeddings",))["embeddings"]
     assert sess.precision == "bf16" and set(seen) == {torch.bfloat16}
     assert bf16.dtype == np.float32 and np.allclose(bf16, fp32, atol=0.1) and not np.array_equal(bf16, fp32)
+
+
+# ---- through the CLI: --precision reaches every inference command -------------------------------
+
+def _cli(*args):
+    from typer.testing import CliRunner
+
+    from finetune_cli.cli.main import app
+
+    res = CliRunner().invoke(app, list(args))
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_eval_predict_embed_accept_precision_and_fp32_is_the_cpu_default(tiny_recipe, quickstart_data, tmp_path):
+    _cli("train", "-r", "quickstart", *tiny_recipe("train.max_steps=2", "train.eval_every=2"), "--device", "cpu",
+         "--json", "-q")
+    run = str(tmp_path / "runs" / "tiny")
+    cpu = ("--device", "cpu", "--json", "-q")
+    evals = [_cli("eval", run, "--no-figures", "--out", str(tmp_path / f"ev{i}"), *cpu, *flags)
+             for i, flags in enumerate([(), ("--precision", "fp32")])]
+    assert [e.pop("precision") for e in evals] == ["fp32", "fp32"]
+    assert [{k: v for k, v in e.items() if k != "saved_to"} for e in evals][0] == \
+           [{k: v for k, v in e.items() if k != "saved_to"} for e in evals][1]
+    preds = [_cli("predict", run, "-i", quickstart_data["eval"], "-c", "sentence", "-o", str(tmp_path / f"p{i}.csv"),
+                  *cpu, *flags) for i, flags in enumerate([(), ("--precision", "fp32")])]
+    assert [p["precision"] for p in preds] == ["fp32", "fp32"]
+    assert (tmp_path / "p0.csv").read_bytes() == (tmp_path / "p1.csv").read_bytes()
+    txt = tmp_path / "s.txt"
+    txt.write_text("a cat sat\nthe dog ran far away from home\nsun\n")
+    embeds = [_cli("embed", run, str(txt), "-o", str(tmp_path / f"e{i}.npy"), *cpu, *flags)
+              for i, flags in enumerate([(), ("--precision", "fp32"), ("--precision", "bf16")])]
+    assert [e["precision"] for e in embeds] == ["fp32", "fp32", "bf16"]
+    e0, e1, e2 = (np.load(tmp_path / f"e{i}.npy") for i in range(3))
+    np.testing.assert_array_equal(e0, e1)
+    assert np.allclose(e0, e2, atol=0.1) and not np.array_equal(e0, e2)  # bf16 reached the model
