@@ -129,15 +129,16 @@ def train_worker(a) -> None:
 def bench_embed(texts: list[str], batch: int, repeats: int) -> dict:
     from sentence_transformers import SentenceTransformer
 
-    from finetune_cli.models.loading import embedded_model_path, load_text_model
+    from finetune_cli.engine.inference import open_session
+    from finetune_cli.models.loading import embedded_model_path
     from finetune_cli.pipelines.embed import embed_texts
 
-    model, tok, _ = load_text_model("embedded")
+    sess = open_session("embedded", device="cpu", max_length=128)
     st = SentenceTransformer(str(embedded_model_path()), device="cpu")
     st.max_seq_length = 128
 
     def ours():
-        return embed_texts(model, tok, texts, batch_size=batch, max_length=128, normalize=True)
+        return embed_texts(sess, texts, batch_size=batch, normalize=True)
 
     def theirs():
         return st.encode(texts, batch_size=batch)

@@ -22,6 +22,9 @@ RecipeOpt = Annotated[str, typer.Option("--recipe", "-r", help="YAML recipe file
 Overrides = Annotated[Optional[list[str]], typer.Argument(
     help="Recipe overrides: key=value (value parsed as YAML) or ~key to drop a key.", show_default=False)]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
+PrecisionOpt = Annotated[str, typer.Option(
+    "--precision", help="auto | fp32 | bf16 | fp16. auto: bf16 on a GPU that has it, else fp32 (as "
+                        "train.precision); fp16 needs a GPU.")]
 DataDirOpt = Annotated[Optional[str], typer.Option(
     "--data-dir", help="Local folder of GLUE-format task folders (SST-2/, RTE/ …) used instead of the hub "
                        "for glue:* datasets. Default: $FINETUNE_DATA_DIR.")]

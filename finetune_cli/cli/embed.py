@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from finetune_cli.cli.common import DeviceOpt, JsonOpt, QuietOpt, emit_json, handle_errors
+from finetune_cli.cli.common import DeviceOpt, JsonOpt, PrecisionOpt, QuietOpt, emit_json, handle_errors
 from finetune_cli.ui import UI
 
 
@@ -20,6 +20,7 @@ def embed_cmd(
     max_length: Annotated[Optional[int], typer.Option("--max-length", min=1, help="Default: a sentence-transformers folder's max_seq_length, else the length the model was trained with, else 512.")] = None,
     normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="L2-normalise the embeddings. Default: as the folder's sentence-transformers modules say (a Normalize module), else no.", show_default=False)] = None,
     device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "auto",
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -29,7 +30,7 @@ def embed_cmd(
 
     ui = UI(quiet=quiet)
     res = run_embed(model, input, output, ui, column=column, batch_size=batch_size, max_length=max_length,
-                    normalize=normalize, device=device)
+                    normalize=normalize, device=device, precision=precision)
     if json_out:
         emit_json(res.to_dict())
     elif not quiet:

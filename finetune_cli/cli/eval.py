@@ -13,6 +13,7 @@ from finetune_cli.cli.common import (
     ExpectOpt,
     JsonOpt,
     Overrides,
+    PrecisionOpt,
     QuietOpt,
     emit_json,
     handle_errors,
@@ -27,6 +28,7 @@ def eval_cmd(
     recipe: Annotated[Optional[str], typer.Option(
         "--recipe", "-r", help="Recipe naming the evaluation data (default: the run directory's own).")] = None,
     device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "auto",
     data_dir: DataDirOpt = None,
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", min=1)] = None,
     bins: Annotated[int, typer.Option("--bins", min=1, help="Equal-width confidence bins for ECE/MCE.")] = 15,
@@ -51,14 +53,15 @@ def eval_cmd(
     from finetune_cli.pipelines.similarity import run_eval_similarity, wants_similarity
 
     if wants_similarity(model, plan):  # embedding model: STS metrics
-        res = run_eval_similarity(model, plan, ui, device=device, data_dir=data_dir, batch_size=batch_size)
+        res = run_eval_similarity(model, plan, ui, device=device, precision=precision, data_dir=data_dir,
+                                  batch_size=batch_size)
         _render_similarity(res, ui, json_out)
         enforce(gates, res.metrics, ui)
         return
     # The run's own evaluation is eval.json (what `report` reads); other data gets its own file.
     name = "eval" if recipe is None or out is not None else f"eval-{Path(recipe).stem}"
-    res = run_eval(model, plan, ui, device=device, data_dir=data_dir, batch_size=batch_size, bins=bins,
-                   figures=not no_figures, out=out, tsne_max=tsne_max, name=name)
+    res = run_eval(model, plan, ui, device=device, precision=precision, data_dir=data_dir, batch_size=batch_size,
+                   bins=bins, figures=not no_figures, out=out, tsne_max=tsne_max, name=name)
     gated = {**res.metrics, **{k: res.calibration[k] for k in CALIBRATION_METRICS
                                if res.calibration and res.calibration.get(k) is not None}}
     if json_out:

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from finetune_cli.cli.common import DeviceOpt, JsonOpt, QuietOpt, emit_json, handle_errors
+from finetune_cli.cli.common import DeviceOpt, JsonOpt, PrecisionOpt, QuietOpt, emit_json, handle_errors
 from finetune_cli.ui import UI
 
 
@@ -22,6 +22,7 @@ def predict_cmd(
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 64,
     max_length: Annotated[Optional[int], typer.Option("--max-length", min=1, help="Default: the length the model was trained with, else 512.")] = None,
     device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "auto",
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -31,7 +32,7 @@ def predict_cmd(
 
     ui = UI(quiet=quiet)
     res = run_predict(model, input, output, ui, column=column, pair_column=pair_column, batch_size=batch_size,
-                      max_length=max_length, device=device)
+                      max_length=max_length, device=device, precision=precision)
     if json_out:
         emit_json(res.to_dict())
     elif not quiet:

@@ -1,4 +1,5 @@
-"""The one device resolver: ``--device auto|cpu|cuda|cuda:N`` -> a ``torch.device``."""
+"""The one device resolver (``--device auto|cpu|cuda|cuda:N`` -> a ``torch.device``) and the one
+precision rule (``auto|fp32|bf16|fp16`` on that device -> fp32, bf16 or fp16)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import re
 
 import torch
 
-from finetune_cli.errors import DeviceError
+from finetune_cli.errors import DeviceError, FinetuneError
 
 _SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")
 
@@ -26,3 +27,28 @@ def resolve_device(spec: str) -> torch.device:
     if idx >= torch.cuda.device_count():
         raise DeviceError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here")
     return torch.device("cuda", idx)
+
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+_AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_precision(spec: str, device: torch.device, key: str = "--precision",
+                      error: type[FinetuneError] = DeviceError) -> str:
+    """The one precision rule of every command (training and inference): ``auto`` is bf16 on a
+    CUDA device that has it, else fp32; ``fp32``/``bf16`` anywhere (bf16 on the CPU only when asked:
+    it changes the numbers, and fp32 there is exact); ``fp16`` needs a GPU. Returns fp32, bf16 or
+    fp16; ``key`` names the option or recipe key in the error, ``error`` its class."""
+    if spec not in PRECISIONS:
+        raise error(f"{key} {spec!r}: expected {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}")
+    on_gpu = torch.device(device).type == "cuda"
+    if spec == "auto":
+        return "bf16" if on_gpu and torch.cuda.is_bf16_supported() else "fp32"
+    if spec == "fp16" and not on_gpu:
+        raise error(f"{key} fp16 needs a GPU; use fp32 or bf16 on the CPU")
+    return spec
+
+
+def autocast_dtype(precision: str):
+    """The ``torch.autocast`` dtype of a resolved precision (None: fp32, no autocast)."""
+    return _AUTOCAST[precision]

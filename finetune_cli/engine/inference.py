@@ -1,4 +1,5 @@
-"""Batched, length-sorted forward passes for evaluation and embedding.
+"""Batched, length-sorted forward passes for evaluation and embedding, and the one inference
+session (:func:`open_session`) that ``eval``, ``predict`` and ``embed`` run a model through.
 
 Inside :func:`sharded` (the trainer's evaluation on several processes) every rank runs a share of
 the batches and the outputs are gathered, so each rank returns the whole result. The batches are
@@ -10,15 +11,25 @@ computed from them, are bit-identical to one process's.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 import torch
 
-from finetune_cli.data.encode import EncodedData, collate, to_device
+from finetune_cli.data.encode import EncodedData, collate, encode_table, to_device
 from finetune_cli.data.sampling import sorted_batches
+from finetune_cli.data.sources import Table
+from finetune_cli.engine.device import autocast_dtype, resolve_device, resolve_precision
+from finetune_cli.models.loading import (
+    check_max_length,
+    default_max_length,
+    load_embedding_model,
+    load_text_model,
+    position_limit,
+)
 
 _SHARD: ContextVar[Optional[Any]] = ContextVar("finetune_inference_shard", default=None)
 
@@ -90,7 +101,6 @@ def forward_all(model, data: EncodedData, batch_size: int, pad_id: int, device: 
 def file_features(model, tokenizer, path, pair: bool, max_length: int, batch_size: int) -> tuple[np.ndarray, list[str]]:
     """Pooled features and string labels of a ``text``/[``text_pair``]/``label`` JSONL file (a
     materialised probe task), the pair encoded jointly."""
-    from finetune_cli.data.encode import encode_table
     from finetune_cli.data.sources import read_file
 
     cm = {"text": "text", "label": "label", **({"text_pair": "text_pair"} if pair else {})}
@@ -98,10 +108,67 @@ def file_features(model, tokenizer, path, pair: bool, max_length: int, batch_siz
     labels = [str(v) for v in t.columns.pop("label")]
     cols = ("text", "text_pair") if pair else ("text",)
     enc = encode_table(t, tokenizer, max_length, cols, joint=True)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return forward_all(model, enc, batch_size, pad, want=("embeddings",))["embeddings"], labels
+    return forward_all(model, enc, batch_size, pad_id(tokenizer), want=("embeddings",))["embeddings"], labels
 
 
-def pad_id_of(tokenizer) -> int:
-    """The id batches are padded with (0 for a tokenizer without a pad token)."""
+def pad_id(tokenizer) -> int:
+    """The id batches are padded with: the tokenizer's, else 0 (the attention mask hides it)."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+@dataclass
+class InferenceSession:
+    """A model loaded for inference: on its device, in eval mode, with the precision it runs in
+    (fp32, bf16 or fp16, from :func:`~finetune_cli.engine.device.resolve_precision`) and the
+    length its inputs are cut at. ``st``: the sentence-transformers config of an embedding folder."""
+
+    model: Any
+    tokenizer: Any
+    path: str
+    device: torch.device
+    precision: str
+    max_length: int
+    st: Optional[Any] = None
+
+    @property
+    def pad_id(self) -> int:
+        return pad_id(self.tokenizer)
+
+    def encode(self, table: Table, columns: Sequence[str], *, joint: bool, use_cache: bool = True) -> EncodedData:
+        """Tokenise ``columns`` of ``table`` at the session's length (a pair jointly or as two views)."""
+        return encode_table(table, self.tokenizer, self.max_length, tuple(columns), joint=joint, use_cache=use_cache)
+
+    def encode_texts(self, texts: list[str]) -> EncodedData:
+        """Tokenise plain sentences (one view, not cached: a one-off input)."""
+        return self.encode(Table({"text": texts}, "<texts>"), ("text",), joint=False, use_cache=False)
+
+    def forward(self, data: EncodedData, batch_size: int, *, want: tuple[str, ...] = ("logits",), view: int = 0,
+                progress=None) -> dict[str, np.ndarray]:
+        """:func:`forward_all` on the session's device, pad id and precision."""
+        return forward_all(self.model, data, batch_size, self.pad_id, self.device, view=view, want=want,
+                           progress=progress, autocast_dtype=autocast_dtype(self.precision))
+
+
+def open_session(model_name: str, *, device: str = "auto", precision: str = "auto", max_length: Optional[int] = None,
+                 length_key: str = "--max-length", embedding: bool = False) -> InferenceSession:
+    """Load ``model_name`` (run directory, model folder, ``embedded`` or hub id) for inference.
+
+    ``device``/``precision`` are resolved first (a bad one fails before any loading). ``max_length``
+    None is what the folder says (a sentence-transformers folder's ``max_seq_length``, else the
+    trained length, else the tokenizer's, at most 512), cut to the model's position limit; a length
+    given over that limit is refused naming ``length_key``. ``embedding``: read a sentence-transformers
+    folder as ``SentenceTransformer`` does (its pooling, ``Normalize``, length), its config in ``st``.
+    """
+    dev = resolve_device(device)
+    prec = resolve_precision(precision, dev)
+    st = None
+    if embedding:
+        model, tokenizer, path, st = load_embedding_model(model_name)
+    else:
+        model, tokenizer, path = load_text_model(model_name)
+    if max_length is None:  # nobody asked for this length: never refuse it, cut it to what the model takes
+        max_length = st.max_seq_length if st is not None and st.max_seq_length else default_max_length(path, tokenizer)
+        max_length = min(max_length, position_limit(getattr(model, "encoder", model)) or max_length)
+    check_max_length(model, max_length, length_key, path)
+    model.to(dev).eval()
+    return InferenceSession(model, tokenizer, path, dev, prec, max_length, st)

@@ -39,7 +39,7 @@ from finetune_cli.data.encode import EncodedData, collate, pin, to_device
 from finetune_cli.data.sampling import epoch_batches
 from finetune_cli.engine import device_info, tracking
 from finetune_cli.engine.checkpoint_io import has_state, load_state, save_state
-from finetune_cli.engine.device import resolve_device
+from finetune_cli.engine.device import resolve_device, resolve_precision
 from finetune_cli.engine.distributed import (
     StopRequests,
     freeze_unused_parameters,
@@ -115,14 +115,8 @@ def make_accelerator(device: str, precision: str, **tracking_kwargs):
         from accelerate.state import AcceleratorState
 
         AcceleratorState._reset_state(reset_partial_state=True)
-    if precision == "auto":
-        mp = "bf16" if (not use_cpu and torch.cuda.is_bf16_supported()) else "no"
-    elif precision == "fp32":
-        mp = "no"
-    else:
-        if use_cpu and precision == "fp16":
-            raise TrainingError("precision fp16 needs a GPU; use fp32 or bf16 on the CPU")
-        mp = precision
+    prec = resolve_precision(precision, dev, "train.precision", TrainingError)
+    mp = "no" if prec == "fp32" else prec  # accelerate's name for no mixed precision
     return Accelerator(cpu=use_cpu, mixed_precision=mp, **tracking_kwargs)
 
 

@@ -9,15 +9,12 @@ from typing import Any, Optional
 
 import numpy as np
 
-from finetune_cli.data.encode import encode_table
 from finetune_cli.data.sources import CONVERT_HINT, detect_format, read_file, resolve_path
 from finetune_cli.data.tasks import invalid_row
-from finetune_cli.engine.device import resolve_device
-from finetune_cli.engine.inference import forward_all
+from finetune_cli.engine.inference import InferenceSession, open_session
 from finetune_cli.errors import DataError
 from finetune_cli.fsutil import atomic_file, check_output_file
 from finetune_cli.metrics.similarity import l2_normalize
-from finetune_cli.models.loading import check_max_length, default_max_length, load_embedding_model
 
 
 @dataclass
@@ -30,6 +27,7 @@ class EmbedResult:
     dim: int
     normalized: bool
     seconds: float
+    precision: str  # what the model ran in: fp32, bf16 or fp16
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -54,28 +52,17 @@ def read_sentences(path: str, column: Optional[str] = None, fmt: str = "auto") -
     return texts, list(t.row_ids) or list(range(1, len(texts) + 1))
 
 
-def embed_texts(model, tokenizer, texts: list[str], *, batch_size: int = 64, max_length: int = 128,
-                normalize: bool = False, device=None, progress=None) -> np.ndarray:
-    """(n, d) float32 embeddings, computed in length-sorted batches, returned in input order
-    (bf16 autocast on a GPU with bf16, fp32 elsewhere)."""
-    from finetune_cli.data.sources import Table
-
-    enc = encode_table(Table({"text": texts}, "<texts>"), tokenizer, max_length, ("text",), joint=False,
-                       use_cache=False)
-    import torch
-
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    dev = torch.device(device) if device is not None else next(model.parameters()).device
-    # bf16 autocast on a GPU that has it (as `train` does); fp32 on the CPU, where it is exact.
-    cast = torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else None
-    e = forward_all(model, enc, batch_size, pad, dev, want=("embeddings",), progress=progress,
-                    autocast_dtype=cast)["embeddings"]
+def embed_texts(sess: InferenceSession, texts: list[str], *, batch_size: int = 64, normalize: bool = False,
+                progress=None) -> np.ndarray:
+    """(n, d) float32 embeddings, computed in length-sorted batches at the session's length, device
+    and precision, returned in input order."""
+    e = sess.forward(sess.encode_texts(texts), batch_size, want=("embeddings",), progress=progress)["embeddings"]
     return l2_normalize(e).astype(np.float32) if normalize else e
 
 
 def run_embed(model_name: str, input_path: str, output: str, ui, *, column: Optional[str] = None,
               fmt: str = "auto", batch_size: int = 64, max_length: Optional[int] = None,
-              normalize: Optional[bool] = None, device: str = "auto") -> EmbedResult:
+              normalize: Optional[bool] = None, device: str = "auto", precision: str = "auto") -> EmbedResult:
     """``max_length``/``normalize`` None: what the folder says (a sentence-transformers folder's
     ``max_seq_length`` and ``Normalize`` module, else the trained length and no normalisation)."""
     import time
@@ -85,18 +72,12 @@ def run_embed(model_name: str, input_path: str, output: str, ui, *, column: Opti
         raise DataError(f"output {output} must end in .npy or .parquet")
     check_output_file(out, "--output")
     texts, ids = read_sentences(input_path, column, fmt)
-    model, tokenizer, path, st = load_embedding_model(model_name)
-    if max_length is None:
-        max_length = st.max_seq_length if st is not None and st.max_seq_length else default_max_length(path, tokenizer)
+    sess = open_session(model_name, device=device, precision=precision, max_length=max_length, embedding=True)
     if normalize is None:
-        normalize = bool(st is not None and st.normalize)
-    check_max_length(model, max_length, "--max-length", path)
-    dev = resolve_device(device)
-    model.to(dev)
+        normalize = bool(sess.st is not None and sess.st.normalize)
     t0 = time.perf_counter()
     with ui.progress(len(texts), "embed", transient=True) as prog:
-        emb = embed_texts(model, tokenizer, texts, batch_size=batch_size, max_length=max_length,
-                          normalize=normalize, device=dev, progress=prog)
+        emb = embed_texts(sess, texts, batch_size=batch_size, normalize=normalize, progress=prog)
     secs = time.perf_counter() - t0
     ids_file = None
     # Each file is written to a temp name and renamed: a failed write (full disk) leaves none.
@@ -114,4 +95,5 @@ def run_embed(model_name: str, input_path: str, output: str, ui, *, column: Opti
         with atomic_file(out) as tmp:
             pq.write_table(pa.table({"row_id": ids, "text": texts, "embedding": emb_col}), tmp)
     ui.log(f"{len(texts)} sentences -> {out} ({emb.shape[1]} dims, {len(texts) / max(secs, 1e-9):.0f}/s)")
-    return EmbedResult(path, input_path, str(out), ids_file, len(texts), int(emb.shape[1]), normalize, round(secs, 3))
+    return EmbedResult(sess.path, input_path, str(out), ids_file, len(texts), int(emb.shape[1]), normalize,
+                       round(secs, 3), sess.precision)

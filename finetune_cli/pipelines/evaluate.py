@@ -8,13 +8,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_cli.data.tasks import data_dir_from_env
-from finetune_cli.engine.device import resolve_device
-from finetune_cli.engine.inference import forward_all
+from finetune_cli.engine.inference import open_session
 from finetune_cli.errors import DataError, ModelError
 from finetune_cli.fsutil import check_writable_dir
 from finetune_cli.metrics.calibration import DEFAULT_BINS
 from finetune_cli.metrics.tasks import LABEL_TYPES, task_metrics
-from finetune_cli.models.loading import check_max_length, load_text_model
 from finetune_cli.pipelines.common import encode, load_data
 from finetune_cli.pipelines.recipes import Plan, load_plan, plan_for
 from finetune_cli.recipe import apply_overrides, build_recipe, to_plain
@@ -34,6 +32,7 @@ class EvalResult:
     calibration: Optional[dict[str, Any]] = None
     figures: Optional[dict[str, str]] = None
     saved_to: Optional[str] = None
+    precision: Optional[str] = None  # what the model ran in: fp32, bf16 or fp16
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -56,17 +55,19 @@ def eval_plan(model: str, recipe_path: Optional[str], overrides: list[str]) -> P
     raise DataError(f"no evaluation data: {model} is not a run directory; pass --recipe or data.eval=FILE")
 
 
-def run_eval(model_name: str, plan: Plan, ui, *, device: str = "auto", data_dir: Optional[str] = None,
-             batch_size: Optional[int] = None, bins: int = DEFAULT_BINS, figures: bool = True,
-             out: Optional[str] = None, tsne_max: Optional[int] = 2000, name: str = "eval") -> EvalResult:
+def run_eval(model_name: str, plan: Plan, ui, *, device: str = "auto", precision: str = "auto",
+             data_dir: Optional[str] = None, batch_size: Optional[int] = None, bins: int = DEFAULT_BINS,
+             figures: bool = True, out: Optional[str] = None, tsne_max: Optional[int] = 2000,
+             name: str = "eval") -> EvalResult:
     """``name``: the result file's stem in the output folder (``eval.json``; the CLI names evaluations
     of other data than the run's own ``eval-<recipe>.json`` so ``report`` keeps reading the run's)."""
     recipe = plan.recipe
     out_dir = eval_output_dir(model_name, out)
     if out_dir is not None:
         check_writable_dir(out_dir, "--out folder" if out is not None else "run directory")
-    model, tokenizer, path = load_text_model(model_name)
-    check_max_length(model, recipe.model.max_length, "model.max_length", path)
+    sess = open_session(model_name, device=device, precision=precision, max_length=recipe.model.max_length,
+                        length_key="model.max_length")
+    model, path = sess.model, sess.path
     if not model.has_classifier:
         raise ModelError(f"model {path} has no classification head (an embedding model); `finetune eval` needs a "
                          f"classifier — use `finetune embed`, or train one")
@@ -85,16 +86,13 @@ def run_eval(model_name: str, plan: Plan, ui, *, device: str = "auto", data_dir:
     assert data.eval is not None
     for note in data.notes:
         ui.warn(note)
-    enc = encode(plan, data.eval, tokenizer)
-    dev = resolve_device(device)
-    model.to(dev)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    enc = encode(plan, data.eval, sess.tokenizer)
     want = ("logits", "embeddings") if lt == "class" else ("logits",)
     with ui.progress(len(enc), "eval", transient=True) as prog:
-        outs = forward_all(model, enc, batch_size or recipe.train.eval_batch_size, pad, dev, want=want, progress=prog)
+        outs = sess.forward(enc, batch_size or recipe.train.eval_batch_size, want=want, progress=prog)
     logits = outs["logits"]
     metrics = task_metrics(lt, logits, enc.labels, spec.threshold)
-    res = EvalResult(model=path, data=data.eval.source, examples=len(enc), metrics=metrics)
+    res = EvalResult(model=path, data=data.eval.source, examples=len(enc), metrics=metrics, precision=sess.precision)
     if lt == "class":
         from finetune_cli.pipelines.eval_details import classification_details
 

@@ -7,10 +7,8 @@ from typing import Optional
 
 import numpy as np
 
-from finetune_cli.data.encode import encode_table
 from finetune_cli.data.tasks import data_dir_from_env
-from finetune_cli.engine.device import resolve_device
-from finetune_cli.engine.inference import forward_all
+from finetune_cli.engine.inference import open_session
 from finetune_cli.errors import DataError
 from finetune_cli.metrics.similarity import (
     alignment,
@@ -19,12 +17,7 @@ from finetune_cli.metrics.similarity import (
     positive_threshold,
     uniformity,
 )
-from finetune_cli.models.loading import (
-    check_max_length,
-    has_classifier,
-    load_text_model,
-    resolve_model,
-)
+from finetune_cli.models.loading import has_classifier, resolve_model
 from finetune_cli.pipelines.common import load_similarity_data
 from finetune_cli.pipelines.evaluate import EvalResult
 from finetune_cli.pipelines.recipes import Plan
@@ -58,22 +51,20 @@ def similarity_metrics(a: np.ndarray, b: np.ndarray, gold: np.ndarray, texts_a: 
     return m
 
 
-def run_eval_similarity(model_name: str, plan: Plan, ui, *, device: str = "auto",
+def run_eval_similarity(model_name: str, plan: Plan, ui, *, device: str = "auto", precision: str = "auto",
                         data_dir: Optional[str] = None, batch_size: Optional[int] = None) -> EvalResult:
     recipe = plan.recipe
     table = load_similarity_data(recipe, data_dir_from_env(data_dir))
     if table is None:
         raise DataError("no similarity data: set data.eval=FILE (text, text_pair and a gold score label)")
-    model, tokenizer, path = load_text_model(model_name)
-    check_max_length(model, recipe.model.max_length, "model.max_length", path)
-    enc = encode_table(table, tokenizer, recipe.model.max_length, ("text", "text_pair"), joint=False)
-    dev = resolve_device(device)
-    model.to(dev)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    sess = open_session(model_name, device=device, precision=precision, max_length=recipe.model.max_length,
+                        length_key="model.max_length")
+    enc = sess.encode(table, ("text", "text_pair"), joint=False)
     bs = batch_size or recipe.train.eval_batch_size
     with ui.progress(len(enc), "embed", transient=True) as prog:
-        a = forward_all(model, enc, bs, pad, dev, view=0, want=("embeddings",), progress=prog)["embeddings"]
-        b = forward_all(model, enc, bs, pad, dev, view=1, want=("embeddings",))["embeddings"]
+        a = sess.forward(enc, bs, view=0, want=("embeddings",), progress=prog)["embeddings"]
+        b = sess.forward(enc, bs, view=1, want=("embeddings",))["embeddings"]
     metrics = similarity_metrics(a, b, np.asarray(enc.labels, dtype=np.float64),
                                  [str(x) for x in table.columns["text"]], [str(x) for x in table.columns["text_pair"]])
-    return EvalResult(model=path, data=table.source, examples=len(enc), metrics=metrics)
+    return EvalResult(model=sess.path, data=table.source, examples=len(enc), metrics=metrics,
+                      precision=sess.precision)

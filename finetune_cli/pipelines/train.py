@@ -21,7 +21,7 @@ from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine import Interrupted, Trainer
 from finetune_cli.engine.checkpoint_io import states_problem
 from finetune_cli.engine.distributed import Processes, init_distributed
-from finetune_cli.engine.inference import pad_id_of
+from finetune_cli.engine.inference import pad_id
 from finetune_cli.engine.rng import seed_everything
 from finetune_cli.errors import RunDirError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
@@ -128,10 +128,10 @@ def _setup_model(plan: Plan, ck: Optional[Path], data: TaskData, ui):
 def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui, *, device: str,
                    data_dir: Optional[Path], callbacks: Sequence[Callable]) -> Trainer:
     recipe = plan.recipe
-    pad_id = pad_id_of(tokenizer)
+    pid = pad_id(tokenizer)
     t0 = time.perf_counter()
     train_enc = encode(plan, data.train, tokenizer)
-    eval_fn = EVALUATORS[plan.evaluation].build(plan, data, tokenizer, pad_id, data_dir)
+    eval_fn = EVALUATORS[plan.evaluation].build(plan, data, tokenizer, pid, data_dir)
     ui.log(f"tokenised in {time.perf_counter() - t0:.1f}s (max_length {recipe.model.max_length})")
     meta = {"objective": plan.objective_name, "label_type": plan.label_type, "max_length": recipe.model.max_length}
     holder: dict[str, Trainer] = {}
@@ -141,7 +141,7 @@ def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui
         save_text_model(m, tokenizer, out, id2label=data.id2label or None, extra=meta,
                         max_length=recipe.model.max_length, card=model_card_info(plan, data, st))
 
-    holder["trainer"] = Trainer(model, plan.build_objective(), train_enc, recipe.train, run.path, pad_id=pad_id,
+    holder["trainer"] = Trainer(model, plan.build_objective(), train_enc, recipe.train, run.path, pad_id=pid,
                                 save_model=save_model, evaluate=eval_fn, ui=ui, recipe_yaml=recipe.to_yaml(),
                                 device=device, sampler=plan.sampler, callbacks=callbacks)
     return holder["trainer"]

@@ -138,6 +138,7 @@ TRAIN = ["train", "-r", "quickstart", "model.name={model}", *RUN_OVERRIDES, "out
          "--device", "cpu", "-q"]
 EVAL = ["eval", "{run}", "--device", "cpu", "--no-figures", "-q"]
 EMBED = ["embed", "{run}", "--device", "cpu", "-q"]
+PREDICT = ["predict", "{run}", "-i", "{good_tsv}", "-c", "sentence", "-o", "{tmp}/p.csv", "--device", "cpu", "-q"]
 AUG = ["augment", "--delete-words", "0.3", "-q"]
 REPORT = ["report", "{run}", "--no-plot"]
 PROBE = ["probe", "sequential", "-r", "probe_sequential", "model.name={model}", "output.dir={tmp}/runs", "-q"]
@@ -247,6 +248,11 @@ CASES = [
       setup=_write("{run}/best/finetune_model.json", "[1, 2")),
     C("eval-run-recipe-garbage", EVAL, 2, "recipe.yaml", setup=_write("{run}/recipe.yaml", "model: [\n")),
     C("eval-missing-model", ["eval", "{tmp}/nothing", "data.eval={good_tsv}", "-q"], 2, "nothing"),
+    C("eval-precision-fp16-cpu", [*EVAL, "--precision", "fp16"], 2, "--precision fp16", "GPU"),
+    C("eval-precision-unknown", [*EVAL, "--precision", "fp8"], 2, "--precision", "fp8"),
+    # ---- predict ------------------------------------------------------------------------------
+    C("predict-precision-fp16-cpu", [*PREDICT, "--precision", "fp16"], 2, "--precision fp16", "GPU",
+      left=["{tmp}/p.csv"]),
     # ---- embed --------------------------------------------------------------------------------
     C("embed-latin1", [*EMBED, "{latin1_txt}", "-o", "{tmp}/e.npy"], 2, "latin1.txt", "byte", left=["{tmp}/e.npy"]),
     C("embed-out-under-file", [*EMBED, "{sentences_txt}", "-o", "{afile}/e.npy"], 5, "afile"),
@@ -264,6 +270,8 @@ CASES = [
       setup=_truncate("{run}/best/model.safetensors"), left=["{tmp}/e.npy"]),
     C("embed-bad-suffix", [*EMBED, "{sentences_txt}", "-o", "{tmp}/e.csv"], 2, "e.csv"),
     C("embed-input-missing", [*EMBED, "{tmp}/none.txt", "-o", "{tmp}/e.npy"], 2, "none.txt"),
+    C("embed-precision-fp16-cpu", [*EMBED, "{sentences_txt}", "-o", "{tmp}/e.npy", "--precision", "fp16"], 2,
+      "--precision fp16", "GPU", left=["{tmp}/e.npy"]),
     # ---- augment ------------------------------------------------------------------------------
     C("augment-latin1", [*AUG, "-i", "{latin1_tsv}", "-o", "{tmp}/a.tsv"], 2, "latin1.tsv", "byte",
       left=["{tmp}/a.tsv"]),
@@ -428,7 +436,7 @@ def test_table_size():
     ids = [c.values[0].id for c in CASES]
     assert len(ids) == len(set(ids)) and len(ids) >= 60
     commands = {c.values[0].argv[0] for c in CASES}
-    assert commands == {"train", "eval", "embed", "augment", "probe", "report", "recipes"}
+    assert commands == {"train", "eval", "predict", "embed", "augment", "probe", "report", "recipes"}
 
 
 def test_outputs_follow_the_umask(tmp_path):
