@@ -218,37 +218,15 @@ class RunDir:
     """A run folder (``runs/<name>/``): where each file lives, its checkpoints, its stored recipe."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        self.path = p = Path(path)
+        self.recipe_file, self.metrics_file, self.summary_file = p / RECIPE, p / METRICS, p / SUMMARY
+        self.best, self.final, self.curves = p / BEST, p / FINAL, p / FIGURES / CURVES
 
     def __truediv__(self, name: str) -> Path:
         return self.path / name
 
     def __str__(self) -> str:
         return str(self.path)
-
-    @property
-    def recipe_file(self) -> Path:
-        return self.path / RECIPE
-
-    @property
-    def metrics_file(self) -> Path:
-        return self.path / METRICS
-
-    @property
-    def summary_file(self) -> Path:
-        return self.path / SUMMARY
-
-    @property
-    def best(self) -> Path:
-        return self.path / BEST
-
-    @property
-    def final(self) -> Path:
-        return self.path / FINAL
-
-    @property
-    def curves(self) -> Path:
-        return self.path / FIGURES / CURVES
 
     def checkpoint(self, step: int) -> Path:
         return self.path / f"checkpoint-{step}"
