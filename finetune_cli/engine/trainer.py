@@ -40,13 +40,7 @@ from finetune_cli.data.encode import EncodedData, collate, pin, to_device
 from finetune_cli.data.sampling import epoch_batches
 from finetune_cli.engine import device_info, tracking
 from finetune_cli.engine.checkpoint_io import has_state, load_state, save_state
-from finetune_cli.engine.device import resolve_device
-from finetune_cli.engine.distributed import (
-    StopRequests,
-    freeze_unused_parameters,
-    init_distributed,
-    launched_world_size,
-)
+from finetune_cli.engine.distributed import StopRequests, freeze_unused_parameters, init_distributed
 from finetune_cli.engine.head_refit import refit_head, refit_target
 from finetune_cli.engine.inference import sharded
 from finetune_cli.engine.rng import capture_rng, rank_seed, restore_rng, seed_everything
@@ -54,6 +48,7 @@ from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, clean_stale_temps
 from finetune_cli.recipe import TrainConfig
 from finetune_cli.rundir import BEST, CHECKPOINT_MODEL, METRICS, STATE_FILE, checkpoint_step, list_checkpoints
+from finetune_cli.ui import launched_world_size
 
 
 @dataclass
@@ -98,13 +93,12 @@ class Interrupted(Exception):
 
 # ---- device -----------------------------------------------------------------------------------
 
-def make_accelerator(device: str, precision: str, **tracking_kwargs):
-    """``device``: auto | cpu | cuda | cuda:N. ``precision``: auto (bf16 on a GPU that has it) |
-    fp32 | bf16 | fp16 (fp16 uses a gradient scaler; GPU only). ``tracking_kwargs``: ``log_with``
-    and ``project_dir`` for experiment trackers (see ``engine.tracking``)."""
+def make_accelerator(dev: torch.device, precision: str, **tracking_kwargs):
+    """``dev``: the resolved device (``Processes.device``). ``precision``: auto (bf16 on a GPU that
+    has it) | fp32 | bf16 | fp16 (fp16 uses a gradient scaler; GPU only). ``tracking_kwargs``:
+    ``log_with`` and ``project_dir`` for experiment trackers (see ``engine.tracking``)."""
     from accelerate import Accelerator
 
-    dev = resolve_device(device)
     if dev.type == "cuda" and dev.index is not None and launched_world_size() == 1:
         torch.cuda.set_device(dev)
     use_cpu = dev.type == "cpu"
@@ -209,10 +203,10 @@ class Trainer:
         self.save_model_fn, self.evaluate_fn = save_model, evaluate
         self.recipe_yaml, self.sampler, self.callbacks = recipe_yaml, sampler, list(callbacks)
         self.procs = init_distributed(device)
-        self.acc = make_accelerator(device, cfg.precision,
+        self.acc = make_accelerator(self.procs.device, cfg.precision,
                                     **tracking.accelerator_kwargs(cfg.report_to, self.run_dir))
         self.device_name = device_info.describe(self.acc.device)
-        self.rank, self.world = self.acc.process_index, self.acc.num_processes
+        self.rank, self.world = self.procs.rank, self.procs.world
         self.steps_per_epoch = math.ceil(len(epoch_batches(sampler, train_data.lengths, train_data.labels,
                                                            cfg.batch_size, cfg.seed, 0, self.rank, self.world))
                                          / cfg.grad_accum)
@@ -274,7 +268,7 @@ class Trainer:
     # ---- checkpoints --------------------------------------------------------------------------
     @property
     def is_main(self) -> bool:
-        return self.acc.is_main_process
+        return self.procs.is_main
 
     def unwrapped(self):
         return self.acc.unwrap_model(self.model)
