@@ -3,11 +3,11 @@
 ``torchrun`` and ``accelerate launch`` start one copy of ``finetune train`` per process with
 ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the environment. :func:`init_distributed` joins them
 (through ``accelerate``'s ``PartialState``, so the ``Accelerator`` built later shares the same
-process group) and returns a :class:`Processes`: rank, world size, and the few collectives the
-pipeline and the trainer need on the *control plane* (run directory checks, stop flags, evaluation
-results), and this process's device. The rank is the launcher's (``ui.launched_rank``), the one
-answer to "is this the main process?" that the UI gives too. Those go through a gloo group even when the gradients go through NCCL, so a control
-message never makes a GPU stream wait.
+process group) and returns a :class:`Processes`: rank, world size, this process's device, and the
+few collectives the pipeline and the trainer need on the *control plane* (run directory checks, stop
+flags, evaluation results). Those go through a gloo group even when the gradients go through NCCL,
+so a control message never makes a GPU stream wait. The rank is the launcher's
+(``ui.launched_rank``), so "is this the main process?" has the answer the UI gives.
 
 One process (no launcher) gets a :class:`Processes` whose collectives are identities: single-process
 code paths are unchanged.

@@ -308,6 +308,7 @@ class Trainer:
     # ---- checkpoints --------------------------------------------------------------------------
     @property
     def is_main(self) -> bool:
+        """The process that prints and writes (``Processes.is_main``: the launcher's rank 0)."""
         return self.procs.is_main
 
     def unwrapped(self):
