@@ -16,10 +16,36 @@ from typing import Any, Optional
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+# ---- which process is this ------------------------------------------------------------------
+# The one source of a process's rank for every layer (the UI, ``--json`` output, the engine's
+# ``Processes`` and so its trainer). It lives here, the lowest layer that needs it, because the UI
+# must know it before (and without) the engine joining a process group.
 
-def is_main_process() -> bool:
-    """Rank 0 of a launched run, or a process no launcher started."""
-    return os.environ.get("RANK", "0") == "0"
+
+def launched_world_size() -> int:
+    """Processes a launcher started (1 without one)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def launched_rank() -> int:
+    """This process's rank: ``RANK`` as the launcher set it; 0 without a launcher (or with a launcher
+    of one process).
+
+    Why the environment and not the process group: ``torchrun`` and ``accelerate launch`` set
+    ``RANK``/``WORLD_SIZE`` before the process starts, so the rank is known before any process group
+    exists (the UI is built and errors are rendered before the engine joins one, and some commands
+    never do); and the group joined later (``env://``, through accelerate's ``PartialState``) takes
+    its rank from the same variable, so the engine's ``Processes.rank`` and accelerate's
+    ``process_index`` are this number (``engine.distributed.init_distributed`` checks that they
+    agree)."""
+    return int(os.environ.get("RANK", "0")) if launched_world_size() > 1 else 0
+
+
+def is_main_process(rank: Optional[int] = None) -> bool:
+    """Whether ``rank`` (default: this process's, :func:`launched_rank`) is the main process, the one
+    that prints and writes: rank 0 of a launched run, or a process no launcher started. The one
+    answer everyone asks (``UI``, ``--json`` output, ``Processes.is_main``, the trainer)."""
+    return (launched_rank() if rank is None else rank) == 0
 
 
 def _plain() -> bool:

@@ -3,10 +3,11 @@
 ``torchrun`` and ``accelerate launch`` start one copy of ``finetune train`` per process with
 ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the environment. :func:`init_distributed` joins them
 (through ``accelerate``'s ``PartialState``, so the ``Accelerator`` built later shares the same
-process group) and returns a :class:`Processes`: rank, world size, and the few collectives the
-pipeline and the trainer need on the *control plane* (run directory checks, stop flags, evaluation
-results). Those go through a gloo group even when the gradients go through NCCL, so a control
-message never makes a GPU stream wait.
+process group) and returns a :class:`Processes`: rank, world size, this process's device, and the
+few collectives the pipeline and the trainer need on the *control plane* (run directory checks, stop
+flags, evaluation results). Those go through a gloo group even when the gradients go through NCCL,
+so a control message never makes a GPU stream wait. The rank is the launcher's
+(``ui.launched_rank``), so "is this the main process?" has the answer the UI gives.
 
 One process (no launcher) gets a :class:`Processes` whose collectives are identities: single-process
 code paths are unchanged.
@@ -23,27 +24,39 @@ from typing import Any, Optional, TypeVar
 
 import torch
 
+from finetune_cli.engine.device import resolve_device
 from finetune_cli.engine.rng import capture_rng, restore_rng
-from finetune_cli.errors import FinetuneError
+from finetune_cli.errors import DeviceError, FinetuneError
+from finetune_cli.ui import is_main_process, launched_rank, launched_world_size
 
 T = TypeVar("T")
 
 
-def launched_world_size() -> int:
-    """Processes a launcher started (1 without one)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 class Processes:
-    """Rank, world size and control-plane collectives. All ranks must call a collective in the same
-    order (as with ``torch.distributed``)."""
+    """Rank, world size, this process's device and control-plane collectives. All ranks must call a
+    collective in the same order (as with ``torch.distributed``).
 
-    def __init__(self, rank: int = 0, world: int = 1, group: Any = None):
+    ``device`` is the ``--device`` spec; :attr:`device` resolves it once."""
+
+    def __init__(self, rank: int = 0, world: int = 1, group: Any = None, device: str = "auto"):
         self.rank, self.world, self.group = rank, world, group
+        self.device_spec = device
+        self._device: Optional[torch.device] = None
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        """The main process (``ui.is_main_process`` of this rank: the same answer the UI gives)."""
+        return is_main_process(self.rank)
+
+    @property
+    def device(self) -> torch.device:
+        """This process's device, resolved from the spec the first time it is asked for and kept.
+        Under a launcher that is before ``accelerate`` selects this rank's CUDA device, after which
+        ``cuda`` would resolve to another index: everyone (``PartialState``, the ``Accelerator``)
+        sees the first answer."""
+        if self._device is None:
+            self._device = resolve_device(self.device_spec)
+        return self._device
 
     @property
     def distributed(self) -> bool:
@@ -111,26 +124,43 @@ class Processes:
 
 
 def init_distributed(device: str) -> Processes:
-    """Join the launcher's processes (once per process; later calls return the same view)."""
+    """This process's view of the run: rank, world size, device (``device`` is the ``--device``
+    spec) and the control-plane group.
+
+    Under a launcher the first call joins the launcher's processes and later calls return the same
+    view (the device resolved once; a later call naming another device is an error). One process
+    gets a fresh view per call, since a caller may train on several devices in turn; its device is
+    resolved when first asked for."""
     if _under_launcher():
         set_parent_death_signal()
     world = launched_world_size()
     if world == 1:
-        return Processes()
+        return Processes(device=device)
+    global _JOINED
+    if _JOINED is None:
+        _JOINED = _join(device, world)
+    elif _JOINED.device_spec != device:
+        raise DeviceError(f"--device {device}: this process already joined its launcher's processes "
+                          f"with --device {_JOINED.device_spec}")
+    return _JOINED
+
+
+_JOINED: Optional[Processes] = None
+
+
+def _join(device: str, world: int) -> Processes:
+    """Join through ``accelerate``'s ``PartialState`` (so the ``Accelerator`` built later shares the
+    process group), and open the gloo group of the control plane."""
     from accelerate.state import PartialState
 
-    from finetune_cli.engine.device import resolve_device
-
-    state = PartialState(cpu=resolve_device(device).type == "cpu")
-    global _CONTROL
-    if _CONTROL is None:
-        # gloo for the control plane; the default group when it is gloo already.
-        _CONTROL = (None if torch.distributed.get_backend() == "gloo"
-                    else torch.distributed.new_group(backend="gloo"))
-    return Processes(state.process_index, state.num_processes, _CONTROL)
-
-
-_CONTROL: Any = None
+    procs = Processes(launched_rank(), world, device=device)
+    state = PartialState(cpu=procs.device.type == "cpu")
+    if (state.process_index, state.num_processes) != (procs.rank, procs.world):
+        raise RuntimeError(f"the process group has this process as {state.process_index} of "
+                           f"{state.num_processes}, the launcher (RANK/WORLD_SIZE) as {procs.rank} of {procs.world}")
+    # gloo for the control plane; the default group when it is gloo already.
+    procs.group = None if torch.distributed.get_backend() == "gloo" else torch.distributed.new_group(backend="gloo")
+    return procs
 
 
 def _under_launcher() -> bool:

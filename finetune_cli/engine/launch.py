@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from finetune_cli.engine.distributed import launched_world_size
+from finetune_cli.ui import launched_world_size
 
 
 def without_nproc(argv: Sequence[str]) -> list[str]:

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from finetune_cli.ui import is_main_process
+
 TRACKING_DIR = "tracking"
 MLFLOW_RUN_ID = "mlflow_run_id"
 
@@ -79,7 +81,7 @@ def start(acc, report_to: list[str], run_dir: Path, hparams: Mapping[str, Any], 
     init: dict[str, dict[str, Any]] = {}
     if "mlflow" in report_to:
         run_id_file = track_dir / MLFLOW_RUN_ID
-        if acc.is_main_process:
+        if is_main_process():
             import mlflow
 
             if not os.environ.get("MLFLOW_TRACKING_URI"):
@@ -93,7 +95,7 @@ def start(acc, report_to: list[str], run_dir: Path, hparams: Mapping[str, Any], 
     if "trackio" in report_to:
         init["trackio"] = {"name": run_name}
     acc.init_trackers(project, config=flatten(hparams), init_kwargs=init)
-    if "mlflow" in report_to and acc.is_main_process:
+    if "mlflow" in report_to and is_main_process():
         run = acc.get_tracker("mlflow", unwrap=True)
         track_dir.mkdir(parents=True, exist_ok=True)
         (track_dir / MLFLOW_RUN_ID).write_text(run.info.run_id + "\n")

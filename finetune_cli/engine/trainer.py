@@ -39,13 +39,8 @@ from finetune_cli.data.encode import EncodedData, collate, pin, to_device
 from finetune_cli.data.sampling import epoch_batches
 from finetune_cli.engine import device_info, tracking
 from finetune_cli.engine.checkpoint_io import has_state, load_state, save_state
-from finetune_cli.engine.device import resolve_device, resolve_precision
-from finetune_cli.engine.distributed import (
-    StopRequests,
-    freeze_unused_parameters,
-    init_distributed,
-    launched_world_size,
-)
+from finetune_cli.engine.device import resolve_precision
+from finetune_cli.engine.distributed import StopRequests, freeze_unused_parameters, init_distributed
 from finetune_cli.engine.head_refit import refit_head, refit_target
 from finetune_cli.engine.inference import sharded
 from finetune_cli.engine.rng import capture_rng, rank_seed, restore_rng, seed_everything
@@ -53,6 +48,7 @@ from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, clean_stale_temps
 from finetune_cli.recipe import TrainConfig
 from finetune_cli.rundir import BEST_METRICS, CHECKPOINT_MODEL, CHECKPOINT_RECIPE, STATE_FILE, RunDir
+from finetune_cli.ui import launched_world_size
 
 
 @dataclass
@@ -87,6 +83,26 @@ class TrainResult:
     gpu_mem_peak_gb: Optional[float] = None  # CUDA only
 
 
+@dataclass
+class _Loop:
+    """What one ``Trainer.train`` call carries from step to step; never saved (a resume rebuilds it
+    from the checkpoint's ``TrainState``).
+
+    ``rng_at_step_start`` is the RNG state the next step starts from: what a checkpoint written on
+    an interrupt stores, so a resume replays the step that was cut short. ``pending``: the loss parts
+    of the steps since the last host sync, still on the device (see ``Trainer._sync_losses``).
+    ``window_samples``/``window_time``: samples and training seconds since the last log line."""
+
+    eval_every: int
+    save_every: int
+    last_eval_step: int
+    last_save_step: int
+    rng_at_step_start: dict[str, Any]
+    pending: list[tuple[int, int, int, tuple[str, ...], torch.Tensor]] = field(default_factory=list)
+    window_samples: int = 0
+    window_time: float = 0.0
+
+
 class Interrupted(Exception):
     """Raised after a Ctrl-C / SIGTERM checkpoint has been written."""
 
@@ -97,13 +113,12 @@ class Interrupted(Exception):
 
 # ---- device -----------------------------------------------------------------------------------
 
-def make_accelerator(device: str, precision: str, **tracking_kwargs):
-    """``device``: auto | cpu | cuda | cuda:N. ``precision``: auto (bf16 on a GPU that has it) |
-    fp32 | bf16 | fp16 (fp16 uses a gradient scaler; GPU only). ``tracking_kwargs``: ``log_with``
-    and ``project_dir`` for experiment trackers (see ``engine.tracking``)."""
+def make_accelerator(dev: torch.device, precision: str, **tracking_kwargs):
+    """``dev``: the resolved device (``Processes.device``). ``precision``: auto (bf16 on a GPU that
+    has it) | fp32 | bf16 | fp16 (fp16 uses a gradient scaler; GPU only). ``tracking_kwargs``:
+    ``log_with`` and ``project_dir`` for experiment trackers (see ``engine.tracking``)."""
     from accelerate import Accelerator
 
-    dev = resolve_device(device)
     if dev.type == "cuda" and dev.index is not None and launched_world_size() == 1:
         torch.cuda.set_device(dev)
     use_cpu = dev.type == "cpu"
@@ -203,58 +218,75 @@ class Trainer:
         self.save_model_fn, self.evaluate_fn = save_model, evaluate
         self.recipe_yaml, self.sampler, self.callbacks = recipe_yaml, sampler, list(callbacks)
         self.procs = init_distributed(device)
-        self.acc = make_accelerator(device, cfg.precision,
+        self.acc = make_accelerator(self.procs.device, cfg.precision,
                                     **tracking.accelerator_kwargs(cfg.report_to, self.run_dir))
         self.device_name = device_info.describe(self.acc.device)
-        self.rank, self.world = self.acc.process_index, self.acc.num_processes
-        self.steps_per_epoch = math.ceil(len(epoch_batches(sampler, train_data.lengths, train_data.labels,
-                                                           cfg.batch_size, cfg.seed, 0, self.rank, self.world))
-                                         / cfg.grad_accum)
-        if self.steps_per_epoch == 0:
-            raise TrainingError(f"training set of {len(train_data)} examples gives no full step with batch size "
-                                f"{cfg.batch_size} on {self.world} processes")
-        self.total_steps = cfg.max_steps or max(math.ceil(cfg.epochs * self.steps_per_epoch), cfg.min_steps or 0)
-        if cfg.freeze_encoder and freeze_encoder(model) == 0:
-            raise TrainingError(f"train.freeze_encoder: the model has no `{ENCODER_PREFIX}*` parameters to freeze")
-        if cfg.refit_head:
-            refit_target(model)  # a model with no head to refit fails here, not at the first evaluation
-            if evaluate is None:
-                raise TrainingError("train.refit_head refits the head before each evaluation: give the run an "
-                                    "evaluation set (data.eval_split or data.eval)")
-        if not any(p.requires_grad for p in model.parameters()):
-            raise TrainingError("nothing to train: train.freeze_encoder is on and the model has no head "
-                                "(use a classification objective)")
-        # Fused AdamW (CPU and CUDA): one kernel for the whole update instead of a few per tensor;
-        # on the CPU it is several times faster than the per-tensor loop.
-        fused = True if self.acc.device.type in ("cpu", "cuda") else None
-        opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, fused=fused)
-        # train.compile: widths are rounded up to multiples of 16 (never past the longest
-        # example), so torch.compile sees a handful of shapes, not one per batch width.
-        self.pad_multiple, self.max_width = (16, int(train_data.lengths.max())) if cfg.compile else (1, None)
-        if cfg.compile:
-            # Module.compile() compiles in place: parameter names, saving and DDP wrapping are unchanged.
-            (model.encoder if hasattr(model, "encoder") else model).compile()
+        self.rank, self.world = self.procs.rank, self.procs.world
+        self.steps_per_epoch, self.total_steps = self._count_steps()
+        self._check_trainable(model)
+        opt = self._build_optimizer(model)
+        self._setup_compile(model)
         from transformers import get_linear_schedule_with_warmup
 
         self.scheduler = get_linear_schedule_with_warmup(opt, int(cfg.warmup_ratio * self.total_steps), self.total_steps)
         self.objective = objective.to(self.acc.device)
-        self.frozen: list[str] = []
-        # Whenever DDP will wrap the model: also one process under torchrun (accelerate then joins a
-        # process group of one and wraps the model all the same).
-        if self.world > 1 or (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            self.frozen = self._freeze_unused(model)
-            if self.frozen:
-                ui.log(f"not trained (no loss uses them; DDP would wait for them): {', '.join(self.frozen)}")
+        self.frozen = self._freeze_unused(model)
         self.model, self.optimizer = self.acc.prepare(model, opt)
         self.metric_greater = cfg.greater_is_better if cfg.greater_is_better is not None else (
             "loss" not in cfg.metric)
         self.state = TrainState()
         self.stop = StopRequests(self.procs)
 
+    def _count_steps(self) -> tuple[int, int]:
+        """Optimizer steps per epoch (this rank's batches of an epoch over ``grad_accum``) and the
+        step budget of the run."""
+        cfg, data = self.cfg, self.train_data
+        per_epoch = math.ceil(len(epoch_batches(self.sampler, data.lengths, data.labels, cfg.batch_size, cfg.seed, 0,
+                                                self.rank, self.world)) / cfg.grad_accum)
+        if per_epoch == 0:
+            raise TrainingError(f"training set of {len(data)} examples gives no full step with batch size "
+                                f"{cfg.batch_size} on {self.world} processes")
+        return per_epoch, cfg.max_steps or max(math.ceil(cfg.epochs * per_epoch), cfg.min_steps or 0)
+
+    def _check_trainable(self, model) -> None:
+        """Freeze the encoder when the recipe asks (``train.freeze_encoder``), then refuse a job that
+        cannot train: nothing left to train, or a head refit without an evaluation set."""
+        cfg = self.cfg
+        if cfg.freeze_encoder and freeze_encoder(model) == 0:
+            raise TrainingError(f"train.freeze_encoder: the model has no `{ENCODER_PREFIX}*` parameters to freeze")
+        if cfg.refit_head:
+            refit_target(model)  # a model with no head to refit fails here, not at the first evaluation
+            if self.evaluate_fn is None:
+                raise TrainingError("train.refit_head refits the head before each evaluation: give the run an "
+                                    "evaluation set (data.eval_split or data.eval)")
+        if not any(p.requires_grad for p in model.parameters()):
+            raise TrainingError("nothing to train: train.freeze_encoder is on and the model has no head "
+                                "(use a classification objective)")
+
+    def _build_optimizer(self, model) -> torch.optim.Optimizer:
+        """AdamW over the parameter groups of :func:`_param_groups`."""
+        # Fused AdamW (CPU and CUDA): one kernel for the whole update instead of a few per tensor;
+        # on the CPU it is several times faster than the per-tensor loop.
+        fused = True if self.acc.device.type in ("cpu", "cuda") else None
+        return torch.optim.AdamW(_param_groups(model, self.cfg), lr=self.cfg.lr, fused=fused)
+
+    def _setup_compile(self, model) -> None:
+        """``train.compile``: compile the encoder and set the batch widths it will see."""
+        # Widths are rounded up to multiples of 16 (never past the longest example), so
+        # torch.compile sees a handful of shapes, not one per batch width.
+        self.pad_multiple, self.max_width = (16, int(self.train_data.lengths.max())) if self.cfg.compile else (1, None)
+        if self.cfg.compile:
+            # Module.compile() compiles in place: parameter names, saving and DDP wrapping are unchanged.
+            (model.encoder if hasattr(model, "encoder") else model).compile()
+
     def _freeze_unused(self, model) -> list[str]:
-        """Before DDP wraps the model: freeze what no loss trains (see ``freeze_unused_parameters``).
-        The optimizer was built first, so its layout (and a checkpoint's) is the same for any
-        number of processes."""
+        """Before DDP wraps the model: freeze what no loss trains (see ``freeze_unused_parameters``)
+        and say so; returns the names frozen. The optimizer was built first, so its layout (and a
+        checkpoint's) is the same for any number of processes."""
+        # Whenever DDP will wrap the model: also one process under torchrun (accelerate then joins a
+        # process group of one and wraps the model all the same).
+        if not (self.world > 1 or (torch.distributed.is_available() and torch.distributed.is_initialized())):
+            return []
         model.to(self.acc.device)
         idx = epoch_batches(self.sampler, self.train_data.lengths, self.train_data.labels, self.cfg.batch_size,
                             self.cfg.seed, 0, self.rank, self.world)[0]
@@ -263,12 +295,16 @@ class Trainer:
             with self.acc.autocast():
                 return self.objective(model, to_device(collate(self.train_data, idx, self.pad_id), self.acc.device))["loss"]
 
-        return freeze_unused_parameters(model, probe, self.procs)
+        frozen = freeze_unused_parameters(model, probe, self.procs)
+        if frozen:
+            self.ui.log(f"not trained (no loss uses them; DDP would wait for them): {', '.join(frozen)}")
+        return frozen
 
     # ---- checkpoints --------------------------------------------------------------------------
     @property
     def is_main(self) -> bool:
-        return self.acc.is_main_process
+        """The process that prints and writes (``Processes.is_main``: the launcher's rank 0)."""
+        return self.procs.is_main
 
     def unwrapped(self):
         return self.acc.unwrap_model(self.model)
@@ -386,14 +422,14 @@ class Trainer:
             raise
         self.state.eval_pending = False
 
-    def _interrupt_checkpoint(self, rng: dict[str, Any], last_save_step: int) -> Optional[Path]:
+    def _interrupt_checkpoint(self, loop: _Loop) -> Optional[Path]:
         """The checkpoint of a stopped run: the weights of the last completed step with the RNG state
         the next step starts from (written once, unless the regular save just wrote it)."""
         if self.state.step == 0:
             return None
-        if self.state.step == last_save_step:
+        if self.state.step == loop.last_save_step:
             return self.run.checkpoint(self.state.step)
-        return self.save_checkpoint(rng=rng)
+        return self.save_checkpoint(rng=loop.rng_at_step_start)
 
     # ---- the loop -----------------------------------------------------------------------------
     def _batch_stream(self, pool: ThreadPoolExecutor, batches: list[list[int]], start: int) -> Iterator[Any]:
@@ -416,12 +452,12 @@ class Trainer:
             nxt = pool.submit(build, batches[k + 1]) if k + 1 < len(batches) else None
             yield b
 
-    def _sync_losses(self) -> float:
+    def _sync_losses(self, loop: _Loop) -> float:
         """Read the loss parts of the steps since the last sync (one host transfer), check them
         in order and add them to the log window. Raises on the first non-finite loss, naming its
         step; no checkpoint or evaluation happens between that step and this check. Returns the
         seconds spent waiting for the device."""
-        pending, self._pending = self._pending, []
+        pending, loop.pending = loop.pending, []
         if not pending:
             return 0.0
         t0 = time.perf_counter()
@@ -441,16 +477,38 @@ class Trainer:
             st.log_window_steps += 1
         return waited
 
-    def _seed(self, resume_from: Optional[Path]) -> None:
-        """Each rank's random stream: restored from the checkpoint, else seeded per rank."""
-        rng = self._resume_rng if resume_from is not None else None
-        if rng is not None:
-            restore_rng(rng)
-        else:
-            seed_everything(rank_seed(self.cfg.seed, self.rank) + (self.state.step if resume_from else 0))
-
     def train(self, resume_from: Optional[Path] = None) -> TrainResult:
-        cfg, st = self.cfg, self.state
+        """Train to the step budget (or until early stopping), from scratch or from the checkpoint
+        ``resume_from``. A stop request (Ctrl-C, SIGTERM) writes a checkpoint and raises
+        :class:`Interrupted`."""
+        loop = self._start(resume_from)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="finetune-collate")
+        try:
+            with self.stop.installed(), self.ui.progress(self.total_steps, f"train · {self.device_name}") as progress:
+                progress.log(f"training on {self.device_name} ({self.acc.mixed_precision} mixed precision, "
+                             f"{self.world} process{'es' if self.world > 1 else ''})")
+                progress.update(self.state.step)
+                if self.state.eval_pending:  # interrupted during this step's evaluation: finish it first
+                    self._evaluate_step(progress)
+                    self.save_checkpoint(rng=loop.rng_at_step_start)
+                epoch = self.state.epoch
+                while self._steps_left():
+                    epoch = self._run_epoch(loop, pool, progress, epoch)
+                self._final_evaluate_and_save(loop, progress)
+        except KeyboardInterrupt:
+            # Model weights are those of the last completed step; save them with the RNG state
+            # from the start of the step that was cut short, so a resume replays it exactly.
+            self._sync_losses(loop)
+            raise Interrupted(self._interrupt_checkpoint(loop)) from None
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            tracking.finish(self.acc)
+        return self._finish()
+
+    def _start(self, resume_from: Optional[Path]) -> _Loop:
+        """Everything before the first step: sweep stale temp files, load the checkpoint, seed,
+        start the log and the trackers; returns the loop's starting state."""
+        cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # The main process alone removes leftovers of interrupted atomic writes, and everyone waits:
         # a slower rank cleaning here deleted the main's temp file of the metrics log it was just
@@ -458,7 +516,6 @@ class Trainer:
         self.procs.on_main(lambda: clean_stale_temps(self.run_dir))
         if resume_from is not None:
             self.load_checkpoint(resume_from)
-            st = self.state
         self._seed(resume_from)
         if resume_from is None and self.is_main:  # a run that died before its first checkpoint: its log starts afresh
             (self.run.metrics_file).unlink(missing_ok=True)
@@ -469,121 +526,140 @@ class Trainer:
         device_info.reset_peak(self.acc.device)
         set_train_mode(self.model, cfg.freeze_encoder)
         eval_every = eval_interval(cfg, self.steps_per_epoch, self.total_steps)
-        save_every = cfg.save_every or eval_every
-        last_eval_step = st.step if resume_from is not None else -1
-        last_save_step = st.step if resume_from is not None else -1
-        window_samples, window_time = 0, 0.0
-        rng_at_step_start = capture_rng()
-        self._pending: list[tuple[int, int, int, tuple[str, ...], torch.Tensor]] = []
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="finetune-collate")
-        try:
-            with self.stop.installed(), self.ui.progress(self.total_steps, f"train · {self.device_name}") as progress:
-                progress.log(f"training on {self.device_name} ({self.acc.mixed_precision} mixed precision, "
-                             f"{self.world} process{'es' if self.world > 1 else ''})")
-                progress.update(st.step)
-                if st.eval_pending:  # interrupted during this step's evaluation: finish it first
-                    self._evaluate_step(progress)
-                    self.save_checkpoint(rng=rng_at_step_start)
-                epoch = st.epoch
-                while st.step < self.total_steps and not st.stopped_early:
-                    batches = epoch_batches(self.sampler, self.train_data.lengths, self.train_data.labels,
-                                            cfg.batch_size, cfg.seed, epoch, self.rank, self.world)
-                    i = st.batch_in_epoch if epoch == st.epoch else 0
-                    stream = self._batch_stream(pool, batches, i)
-                    while i < len(batches) and st.step < self.total_steps and not st.stopped_early:
-                        t0 = time.perf_counter()
-                        micro = batches[i:i + cfg.grad_accum]
-                        # Loss parts stay on the device until the next sync point (log, eval,
-                        # save): no host sync per step keeps the GPU fed.
-                        parts_sum: dict[str, torch.Tensor] = {}
-                        n_samples = 0
-                        for j, idx in enumerate(micro):
-                            batch = to_device(next(stream), self.acc.device)
-                            sync = j == len(micro) - 1
-                            ctx = self.acc.no_sync(self.model) if not sync and self.world > 1 else contextlib.nullcontext()
-                            with ctx, self.acc.autocast():
-                                out = self.objective(self.model, batch)
-                            loss = out["loss"]
-                            self.acc.backward(loss / len(micro))
-                            for k in ("loss", *self.objective.parts):
-                                if k in out:
-                                    v = out[k].detach().float()
-                                    parts_sum[k] = parts_sum[k] + v if k in parts_sum else v
-                            n_samples += len(idx)
-                        keys = tuple(parts_sum)
-                        parts = torch.stack([parts_sum[k] for k in keys])
-                        if cfg.max_grad_norm is not None:
-                            self.acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-                        self.optimizer.step()
-                        self.scheduler.step()
-                        self.optimizer.zero_grad(set_to_none=True)
-                        i += len(micro)
-                        st.step += 1
-                        st.epoch, st.batch_in_epoch = epoch, i
-                        self._pending.append((st.step, epoch, len(micro), keys, parts))
-                        # Nothing until the next step draws random numbers (evaluation and saving
-                        # do not), so this is the RNG state the next step starts from.
-                        rng_at_step_start = capture_rng()
-                        st.samples_seen += n_samples * self.world
-                        dt = time.perf_counter() - t0
-                        st.train_seconds += dt
-                        window_samples += n_samples * self.world
-                        window_time += dt
-                        do_eval = st.step % eval_every == 0 or st.step == self.total_steps
-                        do_save = st.step % save_every == 0 or st.step == self.total_steps
-                        if st.step % cfg.log_every == 0 or st.step == self.total_steps:
-                            # On a GPU the steps since the last sync may still be queued: the wait
-                            # for them is training time.
-                            wait = self._sync_losses()
-                            st.train_seconds += wait
-                            window_time += wait
-                            el = window_time  # training time only: evaluation and saving excluded
-                            rec = {"step": st.step, "epoch": round(epoch + i / len(batches), 4),
-                                   "lr": self.scheduler.get_last_lr()[0],
-                                   **{k: v / st.log_window_steps for k, v in st.log_window.items()},
-                                   "samples_per_s": window_samples / el if el > 0 else None}
-                            mem = device_info.memory(self.acc.device)
-                            rec.update(mem or {})
-                            self._log_metrics(rec)
-                            info = f"loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  {rec['samples_per_s'] or 0:.1f} sent/s"
-                            if mem:
-                                info += "  " + device_info.memory_text(mem)
-                            progress.update(st.step, info, force_line=True)
-                            st.log_window, st.log_window_steps = {}, 0
-                            window_samples, window_time = 0, 0.0
-                        else:
-                            progress.update(st.step)
-                        if do_eval:
-                            st.train_seconds += self._sync_losses()  # never evaluate weights after a NaN
-                            self._evaluate_step(progress)
-                            last_eval_step = st.step
-                        if do_save or st.stopped_early:
-                            st.train_seconds += self._sync_losses()  # never checkpoint weights after a NaN
-                            self.save_checkpoint()
-                            last_save_step = st.step
-                        for cb in self.callbacks:
-                            cb(self, st)
-                        if self.stop.agreed():
-                            raise KeyboardInterrupt
-                    if i >= len(batches):
-                        epoch += 1
-                        st.epoch, st.batch_in_epoch = epoch, 0
-                self._sync_losses()
-                if st.step != last_eval_step:
-                    self._evaluate_step(progress)
-                if st.step != last_save_step:
-                    self.save_checkpoint()
-        except KeyboardInterrupt:
-            # Model weights are those of the last completed step; save them with the RNG state
-            # from the start of the step that was cut short, so a resume replays it exactly.
-            self._sync_losses()
-            ck = self._interrupt_checkpoint(rng_at_step_start, last_save_step)
-            raise Interrupted(ck) from None
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-            tracking.finish(self.acc)
+        done = self.state.step if resume_from is not None else -1  # the checkpoint's step is evaluated and saved
+        return _Loop(eval_every=eval_every, save_every=cfg.save_every or eval_every, last_eval_step=done,
+                     last_save_step=done, rng_at_step_start=capture_rng())
+
+    def _seed(self, resume_from: Optional[Path]) -> None:
+        """Each rank's random stream: restored from the checkpoint, else seeded per rank."""
+        rng = self._resume_rng if resume_from is not None else None
+        if rng is not None:
+            restore_rng(rng)
+        else:
+            seed_everything(rank_seed(self.cfg.seed, self.rank) + (self.state.step if resume_from else 0))
+
+    def _steps_left(self) -> bool:
+        return self.state.step < self.total_steps and not self.state.stopped_early
+
+    def _run_epoch(self, loop: _Loop, pool: ThreadPoolExecutor, progress, epoch: int) -> int:
+        """Train on ``epoch``'s batches from where the state stands until the epoch ends, the step
+        budget is spent or early stopping ends the run; returns the epoch the next batch comes from."""
+        cfg, st = self.cfg, self.state
+        batches = epoch_batches(self.sampler, self.train_data.lengths, self.train_data.labels,
+                                cfg.batch_size, cfg.seed, epoch, self.rank, self.world)
+        i = st.batch_in_epoch if epoch == st.epoch else 0
+        stream = self._batch_stream(pool, batches, i)
+        while i < len(batches) and self._steps_left():
+            t0 = time.perf_counter()
+            micro = batches[i:i + cfg.grad_accum]
+            n_samples, keys, parts = self._step(stream, micro)
+            i += len(micro)
+            st.step += 1
+            st.epoch, st.batch_in_epoch = epoch, i
+            loop.pending.append((st.step, epoch, len(micro), keys, parts))
+            # Nothing until the next step draws random numbers (evaluation and saving do not), so
+            # this is the RNG state the next step starts from.
+            loop.rng_at_step_start = capture_rng()
+            st.samples_seen += n_samples * self.world
+            dt = time.perf_counter() - t0
+            st.train_seconds += dt
+            loop.window_samples += n_samples * self.world
+            loop.window_time += dt
+            self._log_line(loop, progress, round(epoch + i / len(batches), 4))
+            self._evaluate_and_save(loop, progress)
+            for cb in self.callbacks:
+                cb(self, st)
+            self._agree_stop()
+        if i >= len(batches):
+            epoch += 1
+            st.epoch, st.batch_in_epoch = epoch, 0
+        return epoch
+
+    def _step(self, stream: Iterator[Any], micro: list[list[int]]) -> tuple[int, tuple[str, ...], torch.Tensor]:
+        """One optimizer step over the micro-batches ``micro`` (gradient accumulation; the gradients
+        are synchronised on the last one only), with clipping and the scheduler's step. Returns the
+        examples trained on, the names of the loss parts and their sums over the micro-batches,
+        left on the device: no host sync per step keeps the GPU fed."""
+        parts_sum: dict[str, torch.Tensor] = {}
+        n_samples = 0
+        for j, idx in enumerate(micro):
+            batch = to_device(next(stream), self.acc.device)
+            sync = j == len(micro) - 1
+            ctx = self.acc.no_sync(self.model) if not sync and self.world > 1 else contextlib.nullcontext()
+            with ctx, self.acc.autocast():
+                out = self.objective(self.model, batch)
+            self.acc.backward(out["loss"] / len(micro))
+            for k in ("loss", *self.objective.parts):
+                if k in out:
+                    v = out[k].detach().float()
+                    parts_sum[k] = parts_sum[k] + v if k in parts_sum else v
+            n_samples += len(idx)
+        keys = tuple(parts_sum)
+        parts = torch.stack([parts_sum[k] for k in keys])
+        if self.cfg.max_grad_norm is not None:
+            self.acc.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return n_samples, keys, parts
+
+    def _log_line(self, loop: _Loop, progress, epoch_at: float) -> None:
+        """At a log step (``train.log_every``, and the last step): the window's averages into
+        ``metrics.jsonl`` and a progress line, then a new window. Otherwise only the bar moves."""
+        st = self.state
+        if not (st.step % self.cfg.log_every == 0 or st.step == self.total_steps):
+            progress.update(st.step)
+            return
+        # On a GPU the steps since the last sync may still be queued: the wait for them is
+        # training time.
+        wait = self._sync_losses(loop)
+        st.train_seconds += wait
+        loop.window_time += wait
+        el = loop.window_time  # training time only: evaluation and saving excluded
+        rec = {"step": st.step, "epoch": epoch_at, "lr": self.scheduler.get_last_lr()[0],
+               **{k: v / st.log_window_steps for k, v in st.log_window.items()},
+               "samples_per_s": loop.window_samples / el if el > 0 else None}
+        mem = device_info.memory(self.acc.device)
+        rec.update(mem or {})
+        self._log_metrics(rec)
+        info = f"loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  {rec['samples_per_s'] or 0:.1f} sent/s"
+        if mem:
+            info += "  " + device_info.memory_text(mem)
+        progress.update(st.step, info, force_line=True)
+        st.log_window, st.log_window_steps = {}, 0
+        loop.window_samples, loop.window_time = 0, 0.0
+
+    def _evaluate_and_save(self, loop: _Loop, progress) -> None:
+        """The cadence: evaluate every ``eval_every`` steps, checkpoint every ``save_every`` (and
+        when early stopping ends the run), both at the last step."""
+        st = self.state
+        do_eval = st.step % loop.eval_every == 0 or st.step == self.total_steps
+        do_save = st.step % loop.save_every == 0 or st.step == self.total_steps
+        if do_eval:
+            st.train_seconds += self._sync_losses(loop)  # never evaluate weights after a NaN
+            self._evaluate_step(progress)
+            loop.last_eval_step = st.step
+        if do_save or st.stopped_early:
+            st.train_seconds += self._sync_losses(loop)  # never checkpoint weights after a NaN
+            self.save_checkpoint()
+            loop.last_save_step = st.step
+
+    def _agree_stop(self) -> None:
+        """Stop after this step when any rank was asked to (every rank stops after the same step)."""
+        if self.stop.agreed():
+            raise KeyboardInterrupt
+
+    def _final_evaluate_and_save(self, loop: _Loop, progress) -> None:
+        """After the last step: evaluate and checkpoint it unless the cadence just did."""
+        self._sync_losses(loop)
+        if self.state.step != loop.last_eval_step:
+            self._evaluate_step(progress)
+        if self.state.step != loop.last_save_step:
+            self.save_checkpoint()
+
+    def _finish(self) -> TrainResult:
+        st = self.state
         sps = st.samples_seen / st.train_seconds if st.train_seconds > 0 else 0.0
         mem = device_info.memory(self.acc.device)
         return TrainResult(st, self.total_steps, str(self.acc.device), self.acc.mixed_precision, sps,
                            device_name=self.device_name, gpu_mem_peak_gb=mem["gpu_mem_peak_gb"] if mem else None)
-
