@@ -29,7 +29,8 @@ quickstart: venv
 test: venv
 	$(BIN)/python -m pytest -q tests
 
-# The README walk alone (also part of `make test`): every README command, as a newcomer would run it.
+# The README walk alone (also part of `make test`): every command of the README and of the docs
+# pages, as a newcomer would run it.
 test-readme: venv
 	FINETUNE_README_WALK=1 $(BIN)/python -m pytest -q tests/integration/test_readme.py
 
