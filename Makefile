@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv quickstart test test-fast test-readme lint bench clean
+.PHONY: venv quickstart test test-fast test-readme lint docs bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,8 @@ quickstart: venv
 test: venv
 	$(BIN)/python -m pytest -q tests
 
-# The README walk alone (also part of `make test`): every README command, as a newcomer would run it.
+# The README walk alone (also part of `make test`): every command of the README and of the docs
+# pages, as a newcomer would run it.
 test-readme: venv
 	FINETUNE_README_WALK=1 $(BIN)/python -m pytest -q tests/integration/test_readme.py
 
@@ -38,10 +39,21 @@ test-fast: venv
 	$(BIN)/python -m pytest -q -m "not integration and not slow" tests
 
 lint: venv
-	$(BIN)/ruff check finetune_cli tests bench
+	$(BIN)/ruff check finetune_cli tests bench scripts
+
+# The docs site in site/ (open site/index.html). Strict: a broken link or anchor, or a page missing
+# from mkdocs.yml's nav, fails the build. The reference pages are generated from the code at every
+# build. The `docs` extra is installed here, so quickstart and test never need it.
+# NO_MKDOCS_2_WARNING: Material prints a banner about its successor at every build otherwise.
+$(BIN)/.docs-installed: pyproject.toml $(BIN)/.installed
+	$(BIN)/pip install -q -e ".[docs]"
+	touch $@
+
+docs: $(BIN)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
 
 bench: venv
 	$(BIN)/python bench/train_throughput.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

@@ -50,8 +50,10 @@ class ModelConfig:
     """Which encoder to fine-tune and how sentences become vectors."""
 
     name: str = field_spec("embedded", help="`embedded` (packaged all-MiniLM-L6-v2), a local folder, a run directory or a hub id")
-    pooling: str = field_spec("mean", choices=("cls", "mean", "pooler"))
-    max_length: int = field_spec(128, gt=0, le=8192)
+    pooling: str = field_spec("mean", choices=("cls", "mean", "pooler"), help="how token states become one sentence "
+                              "embedding: mean of the non-padding tokens, the first token, or the encoder's pooler")
+    max_length: int = field_spec(128, gt=0, le=8192, help="tokens kept per encoded sequence (a jointly encoded "
+                                 "pair counts both texts); longer inputs are truncated")
     classifier_dropout: Optional[float] = field_spec(None, ge=0.0, lt=1.0, help="dropout before the head; None = the encoder's hidden dropout")
     revision: Optional[str] = field_spec(None, help="hub revision (branch, tag or commit)")
     dropout: Optional[float] = field_spec(None, ge=0.0, lt=1.0, help="encoder dropout (hidden and attention); None = the encoder's own config")
@@ -67,10 +69,11 @@ class ModelConfig:
 class ColumnMap:
     """Names (or 0-based indices, for header-less files) of the columns the task reads."""
 
-    text: Union[str, int] = "text"
-    text_pair: Optional[Union[str, int]] = None
-    label: Optional[Union[str, int]] = "label"
-    hard_neg: Optional[Union[str, int]] = None
+    text: Union[str, int] = field_spec("text", help="the text column (the first sentence of a pair)")
+    text_pair: Optional[Union[str, int]] = field_spec(None, help="the second text of a sentence pair; null = single texts")
+    label: Optional[Union[str, int]] = field_spec("label", help="the label column; null for unlabelled data (simcse_unsup)")
+    hard_neg: Optional[Union[str, int]] = field_spec(None, help="the hard-negative text of a triplet (simcse_sup's "
+                                                       "contradiction sentence)")
 
 
 @dataclass(frozen=True)
@@ -80,17 +83,21 @@ class DataConfig:
     dataset: Optional[str] = field_spec(None, help="hub dataset `name` or `name/config` (e.g. glue/sst2); a GLUE task is read from --data-dir when given")
     train: Optional[str] = field_spec(None, help="local training file (csv, tsv, jsonl, parquet, txt)")
     eval: Optional[str] = field_spec(None, help="local evaluation file")
-    train_split: str = "train"
-    eval_split: str = "validation"
-    format: str = field_spec("auto", choices=("auto", "csv", "tsv", "jsonl", "json", "parquet", "txt"))
-    header: str = field_spec("auto", choices=("auto", "yes", "no"))
-    columns: ColumnMap = field_spec(default_factory=ColumnMap)
+    train_split: str = field_spec("train", help="split of `dataset` to train on")
+    eval_split: str = field_spec("validation", help="split of `dataset` to evaluate on")
+    format: str = field_spec("auto", choices=("auto", "csv", "tsv", "jsonl", "json", "parquet", "txt"),
+                             help="format of the local files; auto = from the file extension")
+    header: str = field_spec("auto", choices=("auto", "yes", "no"), help="csv/tsv: is the first row a header; auto = "
+                             "yes when it holds every column name the task reads")
+    columns: ColumnMap = field_spec(default_factory=ColumnMap, help="which columns hold the texts and the label")
     label_names: Optional[list[str]] = field_spec(None, help="fix the label order (id i = label_names[i]); default: sorted labels of the training set")
     few_shot: Optional[int] = field_spec(None, gt=0, help="keep N training examples per class (seeded)")
-    max_train_samples: Optional[int] = field_spec(None, gt=0)
-    max_eval_samples: Optional[int] = field_spec(None, gt=0)
+    max_train_samples: Optional[int] = field_spec(None, gt=0, help="train on a seeded random subset of N examples; "
+                                                  "exclusive with few_shot")
+    max_eval_samples: Optional[int] = field_spec(None, gt=0, help="evaluate on a seeded random subset of N examples")
     seed: Optional[int] = field_spec(None, ge=0, le=SEED_MAX, help="seed for sampling the data; default: train.seed")
-    group_by_length: bool = True
+    group_by_length: bool = field_spec(True, help="batch examples of similar length together (less padding); false = "
+                                       "batches in random or stratified order")
     eval_columns: Optional[ColumnMap] = field_spec(None, help="column map of the evaluation file when it differs from `columns` (e.g. STS pairs for SimCSE)")
     nli_triplets: bool = field_spec(False, help="build (anchor, positive, hard_neg) triplets from NLI rows (text=premise, text_pair=hypothesis, label)")
     encoding: str = field_spec("utf-8", help="text encoding of local data files (utf-8, latin-1, cp1252 …); a UTF-8 BOM is dropped")
@@ -102,39 +109,42 @@ class DataConfig:
 class ObjectiveConfig:
     """The objective's short name and its hyper-parameters (checked against its constructor)."""
 
-    name: str = "ce"
-    params: Mapping[str, Any] = field(default_factory=dict)
+    name: str = field_spec("ce", help="the objective's short name (one of the objectives below)")
+    params: Mapping[str, Any] = field_spec(default_factory=dict, help="the objective's hyper-parameters, written as "
+                                           "keys beside `name`")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """The optimisation schedule, evaluation cadence and checkpointing."""
 
-    epochs: float = field_spec(3.0, gt=0)
+    epochs: float = field_spec(3.0, gt=0, help="passes over the training set; a fraction stops part-way")
     max_steps: Optional[int] = field_spec(None, gt=0, help="stop after this many optimizer steps (overrides epochs)")
     min_steps: Optional[int] = field_spec(None, gt=0, help="train at least this many optimizer steps, repeating epochs "
                                                           "(few-shot runs: a budget in steps, not epochs); "
                                                           "max_steps, when set, decides alone")
-    batch_size: int = field_spec(32, gt=0)
-    eval_batch_size: int = field_spec(128, gt=0)
-    lr: float = field_spec(2e-5, gt=0)
+    batch_size: int = field_spec(32, gt=0, help="examples per batch on each process (one step takes grad_accum batches)")
+    eval_batch_size: int = field_spec(128, gt=0, help="examples per batch when evaluating")
+    lr: float = field_spec(2e-5, gt=0, help="peak learning rate of AdamW (linear warm-up, then linear decay to 0)")
     head_lr: Optional[float] = field_spec(None, gt=0, help="learning rate of the new head; default: lr")
-    weight_decay: float = field_spec(0.01, ge=0)
-    warmup_ratio: float = field_spec(0.06, ge=0, le=1)
-    grad_accum: int = field_spec(1, gt=0)
-    max_grad_norm: Optional[float] = field_spec(1.0, gt=0)
+    weight_decay: float = field_spec(0.01, ge=0, help="AdamW weight decay (biases and norm weights get none)")
+    warmup_ratio: float = field_spec(0.06, ge=0, le=1, help="fraction of the steps spent warming the learning rate up from 0")
+    grad_accum: int = field_spec(1, gt=0, help="batches whose gradients are accumulated into one optimizer step")
+    max_grad_norm: Optional[float] = field_spec(1.0, gt=0, help="clip the gradient norm to this value; null = no clipping")
     eval_every: Optional[int] = field_spec(None, gt=0, help="evaluate every N optimizer steps; default: once per epoch")
     min_evals: Optional[int] = field_spec(None, gt=0, help="evaluate about N times, evenly spaced over the run, "
                                                           "instead of once per epoch (shortens a longer eval_every)")
     save_every: Optional[int] = field_spec(None, gt=0, help="checkpoint every N steps; default: at each evaluation")
-    keep_checkpoints: int = field_spec(2, ge=1)
+    keep_checkpoints: int = field_spec(2, ge=1, help="checkpoint-*/ folders kept for resuming (the newest ones)")
     early_stopping_patience: Optional[int] = field_spec(None, gt=0, help="stop after N evaluations without improvement")
     metric: Optional[str] = field_spec(None, help="evaluation metric that picks the best checkpoint; default: the "
                                                   "objective's first (accuracy, pearson or spearman)")
     greater_is_better: Optional[bool] = field_spec(None, help="default: True unless the metric is a loss")
-    seed: int = field_spec(42, ge=0, le=SEED_MAX)
-    precision: str = field_spec("auto", choices=("auto", "fp32", "bf16", "fp16"))
-    log_every: int = field_spec(10, gt=0)
+    seed: int = field_spec(42, ge=0, le=SEED_MAX, help="seed of the new heads' initialisation, the batch order, "
+                                   "dropout and noise (and of data sampling unless data.seed is set)")
+    precision: str = field_spec("auto", choices=("auto", "fp32", "bf16", "fp16"), help="mixed precision; auto = bf16 "
+                                "on a GPU that has it, else fp32; fp16 needs a GPU")
+    log_every: int = field_spec(10, gt=0, help="log the training loss every N optimizer steps")
     freeze_encoder: bool = field_spec(False, help="train only the heads on frozen encoder features (a linear probe "
                                                   "trained by the objective; the encoder also runs without dropout)")
     refit_head: bool = field_spec(False, help="before every evaluation, refit the head's last linear layer to "
@@ -153,7 +163,9 @@ TRACKERS: dict[str, str] = {"tensorboard": "tensorboard", "mlflow": "mlflow", "t
 
 @dataclass(frozen=True)
 class OutputConfig:
-    dir: str = "runs"
+    """Where the run directory goes."""
+
+    dir: str = field_spec("runs", help="parent folder of run directories")
     name: Optional[str] = field_spec(None, help="run name; default: the recipe file's stem")
 
 
@@ -169,11 +181,13 @@ class _Plain:
 
 @dataclass(frozen=True)
 class Recipe(_Plain):
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    output: OutputConfig = field(default_factory=OutputConfig)
+    """A training recipe (``finetune train``)."""
+
+    model: ModelConfig = field_spec(default_factory=ModelConfig, help=ModelConfig.__doc__)
+    data: DataConfig = field_spec(default_factory=DataConfig, help=DataConfig.__doc__)
+    objective: ObjectiveConfig = field_spec(default_factory=ObjectiveConfig, help=ObjectiveConfig.__doc__)
+    train: TrainConfig = field_spec(default_factory=TrainConfig, help=TrainConfig.__doc__)
+    output: OutputConfig = field_spec(default_factory=OutputConfig, help=OutputConfig.__doc__)
     source: str = field(default="<defaults>", compare=False, metadata={"internal": True})
 
     # ---- derived -------------------------------------------------------------------------
@@ -495,7 +509,7 @@ class SplitConfig:
     """Make a train/eval pair from one split (e.g. QNLI has only dev, QQP only a train slice)."""
 
     source: Optional[str] = field_spec(None, choices=("train", "eval"), help="which split to cut in two; None = no cut")
-    eval_fraction: float = field_spec(0.2, gt=0.0, lt=1.0)
+    eval_fraction: float = field_spec(0.2, gt=0.0, lt=1.0, help="share of the split's rows that become the eval part")
     seed: Optional[int] = field_spec(None, ge=0, le=SEED_MAX, help="default: the task's data.seed, then train.seed")
 
 
@@ -503,7 +517,8 @@ class SplitConfig:
 class ProbeTask:
     """One named task: where its data is, and how much of it the stages and probes use."""
 
-    data: DataConfig = field_spec(default_factory=DataConfig)
+    data: DataConfig = field_spec(default_factory=DataConfig, help="the task's data, with the keys of a training "
+                                  "recipe's `data` section")
     split: SplitConfig = field_spec(default_factory=SplitConfig, help="cut one split into train/eval (seeded)")
     probe_train_samples: Optional[int] = field_spec(None, gt=0, help="fit the probe on at most N train examples")
 
@@ -512,29 +527,33 @@ class ProbeTask:
 class ClassifierConfig:
     """The linear probe: L2 logistic regression on standardised pooled features."""
 
-    C: float = field_spec(1.0, gt=0)
+    C: float = field_spec(1.0, gt=0, help="inverse L2 regularisation strength (scikit-learn's C)")
     max_iter: int = field_spec(200, gt=0, help="fixed L-BFGS budget")
     batch_size: int = field_spec(128, gt=0, help="feature-extraction batch size")
 
 
 @dataclass(frozen=True)
 class ProbeSection:
+    """The tasks a probe run trains on and probes, and the linear probe."""
+
     tasks: dict = field_spec(default_factory=dict, help="name -> task")
     sequence: list[str] = field_spec(default_factory=list, help="sequential: the task order (default: all tasks)")
     source: Optional[str] = field_spec(None, help="generalization: the task to fine-tune on")
     targets: list[str] = field_spec(default_factory=list, help="generalization: tasks probed (default: the others)")
     cycles: int = field_spec(2, gt=0, help="retention: passes over the sequence")
     keep_checkpoints: bool = field_spec(False, help="keep a finished stage's checkpoint-*/ folders (only needed to resume a stage)")
-    classifier: ClassifierConfig = field_spec(default_factory=ClassifierConfig)
+    classifier: ClassifierConfig = field_spec(default_factory=ClassifierConfig, help=ClassifierConfig.__doc__)
 
 
 @dataclass(frozen=True)
 class ProbeRecipe(_Plain):
-    model: ModelConfig = field(default_factory=ModelConfig)
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    output: OutputConfig = field(default_factory=OutputConfig)
-    probe: ProbeSection = field(default_factory=ProbeSection)
+    """A probe recipe (``finetune probe``): a training recipe whose data is named per task under ``probe``."""
+
+    model: ModelConfig = field_spec(default_factory=ModelConfig, help=ModelConfig.__doc__)
+    objective: ObjectiveConfig = field_spec(default_factory=ObjectiveConfig, help=ObjectiveConfig.__doc__)
+    train: TrainConfig = field_spec(default_factory=TrainConfig, help=TrainConfig.__doc__)
+    output: OutputConfig = field_spec(default_factory=OutputConfig, help=OutputConfig.__doc__)
+    probe: ProbeSection = field_spec(default_factory=ProbeSection, help=ProbeSection.__doc__)
     source: str = field(default="<defaults>", compare=False, metadata={"internal": True})
 
     @property

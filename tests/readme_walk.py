@@ -1,5 +1,7 @@
 """Walk the README as a newcomer would: extract its shell commands and run them, in order, in a
-fresh copy of the project's layout, with small-size overrides so the walk takes minutes.
+fresh copy of the project's layout, with small-size overrides so the walk takes minutes. The docs
+pages (``docs/*.md``, ``docs/design/*.md``) are walked the same way, each page in a fresh layout of
+its own, so a page's commands may use what its earlier commands made but nothing from another page.
 
 Which commands run:
 - every command in a ```bash fence (continuation lines joined; comment-only lines dropped); fences
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
 SHARED = Path(os.environ.get("FINETUNE_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 TRAIN_CAPS = ("train.max_steps=2", "train.eval_every=2", "data.max_eval_samples=48")
@@ -88,6 +91,12 @@ def readme_commands(text: str) -> list[Command]:
             cmd.needs.append("data")
         out.append(cmd)
     return out
+
+
+def doc_pages(docs: Path = DOCS) -> list[Path]:
+    """The docs pages whose commands are walked: ``docs/*.md`` and ``docs/design/*.md`` (working
+    notes and generated pages elsewhere are not)."""
+    return sorted(docs.glob("*.md")) + sorted((docs / "design").glob("*.md"))
 
 
 def makefile_target(target: str) -> list[str]:
@@ -190,26 +199,35 @@ def walk(commands: list[Command], work: Path, *, timeout: float = 600.0) -> list
     return results
 
 
-def summary(results: list[Outcome]) -> str:
+def summary(results: list[Outcome], page: str = "README.md") -> str:
+    """What ran, failed and was skipped; ``page`` (as the lines name it) is the walked file."""
     ran = [r for r in results if r.status == "ran"]
     failed = [r for r in results if r.status == "failed"]
     skipped = [r for r in results if r.status == "skipped"]
-    lines = [f"README walk: {len(ran)} ran, {len(failed)} failed, {len(skipped)} skipped "
+    title = "README" if page == "README.md" else page
+    lines = [f"{title} walk: {len(ran)} ran, {len(failed)} failed, {len(skipped)} skipped "
              f"in {sum(r.seconds for r in results):.0f} s"]
     for r in failed:
-        lines.append(f"FAILED README.md:{r.command.line}: {r.command.text}\n{r.output}")
+        lines.append(f"FAILED {page}:{r.command.line}: {r.command.text}\n{r.output}")
     for r in skipped:
-        lines.append(f"skipped README.md:{r.command.line}: {r.reason}: {r.command.text[:90]}")
+        lines.append(f"skipped {page}:{r.command.line}: {r.reason}: {r.command.text[:90]}")
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python tests/readme_walk.py: walk the README in a temporary folder
+if __name__ == "__main__":
+    # python tests/readme_walk.py [PAGE ...]: walk the README (or the pages given, e.g. docs/evaluation.md,
+    # or `docs` for every docs page), each in a temporary folder of its own
     import tempfile
 
-    root = Path(tempfile.mkdtemp(prefix="readme-walk-"))
-    try:
-        res = walk(readme_commands((REPO / "README.md").read_text()), make_layout(root))
-        print(summary(res))
-        sys.exit(1 if any(r.status == "failed" for r in res) else 0)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    args = sys.argv[1:] or ["README.md"]
+    pages = [p for a in args for p in (doc_pages() if a == "docs" else [(REPO / a).resolve()])]
+    failed = False
+    for page in pages:
+        root = Path(tempfile.mkdtemp(prefix="readme-walk-"))
+        try:
+            res = walk(readme_commands(page.read_text()), make_layout(root))
+            print(summary(res, page.relative_to(REPO).as_posix()))
+            failed = failed or any(r.status == "failed" for r in res)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    sys.exit(1 if failed else 0)

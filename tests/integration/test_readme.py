@@ -1,7 +1,7 @@
-"""Every README command works as written (issue 18): the newcomer's walk, made a test.
+"""Every README and docs command works as written: the newcomer's walk, made a test.
 
 See ``tests/readme_walk.py`` for what runs, what is skipped and why, and the small-size overrides.
-``python tests/readme_walk.py`` walks the README by hand."""
+``python tests/readme_walk.py [PAGE ...]`` walks the README (or the pages given) by hand."""
 
 from __future__ import annotations
 
@@ -9,18 +9,33 @@ import os
 
 import pytest
 
-from tests.readme_walk import REPO, make_layout, readme_commands, summary, walk
+from tests.readme_walk import REPO, doc_pages, make_layout, readme_commands, summary, walk
 
 pytestmark = pytest.mark.integration
 
+walk_switch = pytest.mark.skipif(
+    os.environ.get("FINETUNE_README_WALK") == "0",
+    reason="FINETUNE_README_WALK=0: the README walk is switched off (it takes ~15 min on 2 cores)")
+DOC_PAGES = doc_pages()
 
-@pytest.mark.skipif(os.environ.get("FINETUNE_README_WALK") == "0",
-                    reason="FINETUNE_README_WALK=0: the README walk is switched off (it takes ~15 min on 2 cores)")
+
+@walk_switch
 def test_every_readme_command_runs(tmp_path):
     results = walk(readme_commands((REPO / "README.md").read_text()), make_layout(tmp_path))
     report = summary(results)
     print(report)
     assert sum(r.status == "ran" for r in results) >= 10, report
+    assert not [r for r in results if r.status == "failed"], report
+
+
+@walk_switch
+@pytest.mark.parametrize("page", DOC_PAGES, ids=[p.relative_to(REPO).as_posix() for p in DOC_PAGES])
+def test_every_docs_command_runs(page, tmp_path):
+    """The docs pages' commands, with the README's markers and small sizes; each page in a fresh layout."""
+    name = page.relative_to(REPO).as_posix()
+    results = walk(readme_commands(page.read_text()), make_layout(tmp_path))
+    report = summary(results, name)
+    print(report)
     assert not [r for r in results if r.status == "failed"], report
 
 
