@@ -23,6 +23,7 @@ from torch import nn
 from finetune_cli.data.encode import EncodedData
 from finetune_cli.engine.inference import forward_all
 from finetune_cli.errors import TrainingError
+from finetune_cli.metrics.names import REFIT_METRICS
 
 REFIT_C = 1.0  # scikit-learn's LogisticRegression default
 
@@ -101,4 +102,4 @@ def refit_head(model, train_data: EncodedData, batch_size: int, pad_id: int, pro
     with torch.no_grad():
         target.weight.copy_(torch.as_tensor(w, dtype=target.weight.dtype))
         target.bias.copy_(torch.as_tensor(b, dtype=target.bias.dtype))
-    return {"refit_train_accuracy": float(((x @ w.T + b).argmax(1) == labels).mean())}
+    return {REFIT_METRICS[0]: float(((x @ w.T + b).argmax(1) == labels).mean())}

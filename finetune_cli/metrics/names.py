@@ -14,9 +14,10 @@ METRIC_NAMES: dict[str, tuple[str, ...]] = {
     "multi": ("f1_micro", "f1_macro", "subset_accuracy"),
     "similarity": ("spearman", "pearson"),
 }
+# What a run with ``train.refit_head`` adds to each evaluation: the refitted head's training accuracy.
+REFIT_METRICS = ("refit_train_accuracy",)
 # What ``finetune eval`` adds: calibration of a single-label classifier's probabilities.
 CALIBRATION_METRICS = ("ece", "mce", "nll")
-EVAL_EXTRA: dict[str, tuple[str, ...]] = {"class": CALIBRATION_METRICS}
 # Display order in reports; names not listed follow alphabetically.
 METRIC_ORDER = ("accuracy", "f1_macro", "mcc", *CALIBRATION_METRICS, "pearson", "spearman")
 
@@ -24,11 +25,6 @@ METRIC_ORDER = ("accuracy", "f1_macro", "mcc", *CALIBRATION_METRICS, "pearson", 
 def metric_names(kind: Optional[str]) -> tuple[str, ...]:
     """Metric names for ``kind``; () when nothing is evaluated."""
     return METRIC_NAMES.get(kind or "", ())
-
-
-def eval_metric_names(kind: Optional[str]) -> tuple[str, ...]:
-    """What ``finetune eval`` reports for ``kind``: the training metrics plus calibration."""
-    return metric_names(kind) + EVAL_EXTRA.get(kind or "", ())
 
 
 def ordered(names: set[str]) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any, Optional, TypeVar, Union
 
 from finetune_cli.data.tasks import resolve_problem_type as resolve_data_problem
 from finetune_cli.errors import RecipeError
-from finetune_cli.metrics.names import eval_metric_names, metric_names
+from finetune_cli.metrics.names import REFIT_METRICS, metric_names
 from finetune_cli.models.text_model import HeadSpec
 from finetune_cli.objectives import registry
 from finetune_cli.objectives.base import Objective
@@ -37,10 +37,6 @@ from finetune_cli.recipe import (
 
 R = TypeVar("R", Recipe, ProbeRecipe)
 
-# Metrics only some runs add to the evaluation: the refitted head's training accuracy.
-REFIT_METRICS = ("refit_train_accuracy",)
-
-
 @dataclass(frozen=True)
 class Plan:
     """Everything a command derives from a validated recipe, derived once: the recipe (objective
@@ -48,8 +44,7 @@ class Plan:
     (its data contract) and parameters with defaults, the label kind (``class``, ``float``,
     ``multi`` or None), the evaluation kind (``classifier`` or ``similarity``), what training's
     evaluation computes (``metrics``: ``train.metric``, ``--expect`` and ``sweep --metric`` choose
-    among them) and what ``finetune eval`` reports (``eval_metrics``), the text columns in encoding
-    order, whether a pair is one sequence (``joint``), and the batch sampler."""
+    among them), the text columns in encoding order, whether a pair is one sequence (``joint``), and the batch sampler."""
 
     recipe: Recipe
     objective_cls: type[Objective]
@@ -58,7 +53,6 @@ class Plan:
     label_type: Optional[str]
     evaluation: str
     metrics: tuple[str, ...]
-    eval_metrics: tuple[str, ...]
     text_columns: tuple[str, ...]
     joint: bool
     sampler: str
@@ -163,7 +157,6 @@ def plan_for(recipe: Recipe) -> Plan:
         recipe=recipe, objective_cls=cls, params={**{k: p.default for k, p in registry.hyperparameters(cls).items()}, **recipe.objective.params},
         problem_type=problem, label_type=lt, evaluation=cls.evaluation,
         metrics=_training_metrics(cls, lt, recipe.train.refit_head),
-        eval_metrics=eval_metric_names(_metric_kind(cls, lt)),
         text_columns=_text_columns(cls), joint=cls.encoding == "joint",
         sampler=cls.sampler if recipe.data.group_by_length else UNGROUPED.get(cls.sampler, cls.sampler),
     )

@@ -91,9 +91,9 @@ def test_precision_rule_refusals_name_the_option(spec, words):
 def test_training_takes_the_same_rule():
     from finetune_cli.engine.trainer import make_accelerator
 
-    assert make_accelerator("cpu", "auto").mixed_precision == "no"
+    assert make_accelerator(torch.device("cpu"), "auto").mixed_precision == "no"
     with pytest.raises(TrainingError, match=r"^train\.precision fp16 needs a GPU") as e:
-        make_accelerator("cpu", "fp16")
+        make_accelerator(torch.device("cpu"), "fp16")
     assert e.value.exit_code == 3
 
 
