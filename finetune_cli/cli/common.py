@@ -83,7 +83,7 @@ def handle_errors(fn: Callable) -> Callable:
         ui = UI()
         try:
             return fn(*args, **kwargs)
-        except typer.Exit:
+        except (typer.Exit, BrokenPipeError):  # a closed pipe is no failure of ours: see cli/main.py
             raise
         except FinetuneError as e:
             if debug_enabled():
