@@ -9,7 +9,6 @@ import sys
 from typing import Any, NoReturn
 
 import typer
-from typer.core import TyperGroup
 
 from finetune_cli import __version__
 from finetune_cli.cli import probe, recipes
@@ -17,6 +16,7 @@ from finetune_cli.cli.augment import augment
 from finetune_cli.cli.common import one_line, set_debug
 from finetune_cli.cli.embed import embed_cmd
 from finetune_cli.cli.eval import eval_cmd
+from finetune_cli.cli.literal_help import LiteralHelpCommand, LiteralHelpGroup
 from finetune_cli.cli.predict import predict_cmd
 from finetune_cli.cli.report import report_cmd
 from finetune_cli.cli.sweep import sweep_cmd
@@ -26,7 +26,7 @@ from finetune_cli.errors import EXIT_CODES
 EPILOG = "Exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()) + "."
 
 
-class OneLineErrors(TyperGroup):
+class OneLineErrors(LiteralHelpGroup):
     """Usage errors (``--batch-size 0``, an unknown option, a missing argument) as one stderr line,
     like every other error, instead of click's usage block or Typer's boxed panel: scripts and logs
     read the last line. ``--help`` still shows the full usage.
@@ -99,15 +99,15 @@ app = typer.Typer(
     add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     pretty_exceptions_enable=False,
 )
-app.command("train")(train)
-app.command("eval")(eval_cmd)
-app.command("augment")(augment)
-app.command("embed")(embed_cmd)
-app.command("predict")(predict_cmd)
+app.command("train", cls=LiteralHelpCommand)(train)
+app.command("eval", cls=LiteralHelpCommand)(eval_cmd)
+app.command("augment", cls=LiteralHelpCommand)(augment)
+app.command("embed", cls=LiteralHelpCommand)(embed_cmd)
+app.command("predict", cls=LiteralHelpCommand)(predict_cmd)
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(probe.app, name="probe")
-app.command("report")(report_cmd)
-app.command("sweep")(sweep_cmd)
+app.command("report", cls=LiteralHelpCommand)(report_cmd)
+app.command("sweep", cls=LiteralHelpCommand)(sweep_cmd)
 
 
 def _version(value: bool) -> None:
