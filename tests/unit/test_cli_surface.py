@@ -1,14 +1,15 @@
-"""What a user sees of the command itself: help text as written, and a closed stdout pipe
-(``finetune ... | head -1``)."""
+"""What a user sees of the command itself: help text as written, ``-q``, and a closed stdout
+pipe (``finetune ... | head -1``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,82 @@ def test_help_markup_renders_any_text_literally_and_leaves_the_help_strings_alon
     assert [p.help for p in cmd.params] == before  # escaped only while formatting
 
 
+# ---- -q ----------------------------------------------------------------------------------------
+
+
+class Ctx:
+    """What the -q cases are built from: the tiny recipe, the quickstart data, one trained run."""
+
+    def __init__(self, tmp_path: Path, tiny_recipe: Callable, quickstart_data: dict, tiny_model_dir: Path):
+        self.tmp, self.recipe, self.data, self.model = tmp_path, tiny_recipe, quickstart_data, tiny_model_dir
+        self._run: Path | None = None
+
+    def run(self) -> str:
+        if self._run is None:
+            res = runner.invoke(app, ["train", "-r", "quickstart", *self.recipe("output.name=trained", "train.max_steps=4"),
+                                      "--device", "cpu", "-q", "--json"])
+            assert res.exit_code == 0, res.output
+            self._run = Path(json.loads(res.stdout)["run_dir"])
+        return str(self._run)
+
+    def probe_recipe(self) -> str:
+        from tests.unit.test_probe import probe_yaml
+
+        return str(probe_yaml(self.tmp, self.model, self.data))
+
+
+# Every command with -q, run three times: -q (nothing at all), -q --json (the document only), and
+# plainly (it does print something, or the -q check would prove nothing).
+QUIET_CASES: dict[tuple[str, ...], Callable[[Ctx], list[str]]] = {
+    ("train",): lambda c: ["-r", "quickstart", *c.recipe("train.max_steps=4"), "--device", "cpu"],
+    ("eval",): lambda c: [c.run(), "--device", "cpu"],
+    ("predict",): lambda c: [c.run(), "-i", c.data["eval"], "-o", str(c.tmp / "pred.csv"), "-c", "sentence",
+                             "--device", "cpu"],
+    ("embed",): lambda c: [c.run(), c.data["eval"], "-o", str(c.tmp / "emb.npy"), "-c", "sentence",
+                           "--device", "cpu"],
+    ("augment",): lambda c: ["-i", c.data["train"], "-o", str(c.tmp / "noisy.tsv"), "--delete-words", "0.2",
+                             "--overwrite"],
+    ("sweep",): lambda c: ["-r", "quickstart", *c.recipe("train.max_steps=2"), "--param", "train.lr=choice:1e-3,2e-3",
+                           "--trials", "1", "--seeds", "1", "--out", str(c.tmp / "sw"), "--no-baseline",
+                           "--device", "cpu"],
+    ("probe", "sequential"): lambda c: ["-r", c.probe_recipe(), "--device", "cpu"],
+    ("probe", "generalization"): lambda c: ["-r", c.probe_recipe(), "--source", "a", "--targets", "b",
+                                            "--device", "cpu"],
+    ("probe", "retention"): lambda c: ["-r", c.probe_recipe(), "--cycles", "1", "--device", "cpu"],
+}
+
+
+def test_every_command_with_quiet_has_a_case():
+    with_quiet = {path for path, cmd in COMMANDS.items()
+                  if any("--quiet" in getattr(p, "opts", ()) for p in getattr(cmd, "params", ()))}
+    assert with_quiet == set(QUIET_CASES)
+
+
+@pytest.mark.parametrize("path", list(QUIET_CASES), ids=" ".join)
+def test_quiet_prints_nothing_but_the_json_document(path, tmp_path, tiny_recipe, quickstart_data, tiny_model_dir):
+    if path == ("sweep",):
+        pytest.importorskip("optuna")
+    args = [*path, *QUIET_CASES[path](Ctx(tmp_path, tiny_recipe, quickstart_data, tiny_model_dir))]
+    quiet = runner.invoke(app, [*args, "-q"])
+    assert quiet.exit_code == 0, quiet.output
+    assert quiet.stderr == "" and quiet.stdout == "", quiet.output
+    as_json = runner.invoke(app, [*args, "-q", "--json"])
+    assert as_json.exit_code == 0 and as_json.stderr == "", as_json.output
+    assert isinstance(json.loads(as_json.stdout), (dict, list))
+    loud = runner.invoke(app, args)
+    assert loud.exit_code == 0 and loud.stderr.strip(), loud.output
+
+
+def test_quiet_train_and_eval_in_a_real_process(tiny_recipe, tmp_path):
+    """The same through the installed entry point: no table, no progress, no log on stderr."""
+    env = _env()
+    train = _finetune(["train", "-r", "quickstart", *tiny_recipe("train.max_steps=4"), "--device", "cpu", "-q"], env)
+    assert train.returncode == 0 and train.stderr == "" and train.stdout == "", train.stderr
+    ev = _finetune(["eval", str(tmp_path / "runs" / "tiny"), "--device", "cpu", "-q", "--json"], env)
+    assert ev.returncode == 0 and ev.stderr == "", ev.stderr
+    assert set(json.loads(ev.stdout)["metrics"]) == {"accuracy", "f1_macro", "mcc"}
+
+
 # ---- a real process: a closed pipe --------------------------------------------------------------
 
 
@@ -83,6 +160,10 @@ def _finetune_cmd() -> str:
     """The venv's ``finetune`` script (this checkout first on PYTHONPATH), else ``python -m finetune_cli``."""
     script = shutil.which("finetune", path=str(Path(sys.executable).parent))
     return script or f"{sys.executable} -m finetune_cli"
+
+
+def _finetune(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([*_finetune_cmd().split(), *args], env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("pipeline, quiet_stderr", [
