@@ -112,7 +112,7 @@ app.command("sweep", cls=LiteralHelpCommand)(sweep_cmd)
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(__version__)
+        typer.echo(f"finetune {__version__}")
         raise typer.Exit()
 
 

@@ -1,5 +1,5 @@
-"""What a user sees of the command itself: help text as written, ``-q``, and a closed stdout
-pipe (``finetune ... | head -1``)."""
+"""What a user sees of the command itself: help text as written, ``-q``, ``--version``, and a
+closed stdout pipe (``finetune ... | head -1``)."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_quiet_train_and_eval_in_a_real_process(tiny_recipe, tmp_path):
     assert set(json.loads(ev.stdout)["metrics"]) == {"accuracy", "f1_macro", "mcc"}
 
 
-# ---- a real process: a closed pipe --------------------------------------------------------------
+# ---- a real process: --version, a closed pipe ---------------------------------------------------
 
 
 def _env() -> dict[str, str]:
@@ -164,6 +164,28 @@ def _finetune_cmd() -> str:
 
 def _finetune(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([*_finetune_cmd().split(), *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_version_is_the_installed_one():
+    from importlib.metadata import version
+
+    import finetune_cli
+
+    assert finetune_cli.__version__ == version("finetune-cli")
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.stdout == f"finetune {finetune_cli.__version__}\n", res.output
+
+
+def test_the_installed_version_is_pyprojects():
+    """Holds once this checkout is installed (``make`` reinstalls when pyproject.toml changes)."""
+    import tomllib
+    from importlib.metadata import distribution
+
+    dist = distribution("finetune-cli")
+    url = json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")
+    if url.rstrip("/") != REPO.as_uri():
+        pytest.skip(f"finetune-cli is installed from {url or 'an archive'}, not from this checkout")
+    assert dist.version == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 
 
 @pytest.mark.parametrize("pipeline, quiet_stderr", [
