@@ -14,6 +14,7 @@ One home for what every command knows about ``runs/<name>/``::
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -359,7 +360,11 @@ class RunLock:
     The kernel drops a flock when its holder dies (crash, ``kill -9``, lost node), so a lock file
     left behind by a dead process is stale by construction: the next run takes it over and says
     whose it was. A live holder makes :meth:`acquire` raise :class:`RunDirError` naming its PID
-    (and host). The file's content (``pid host``) is only for that message.
+    (and host). The file's content (``pid host``) is only for those messages; a clean
+    :meth:`release` empties it, so only a holder that died leaves its name behind.
+
+    The lock file is never followed through a symbolic link: a link there (planted, or copied in
+    with the folder) would have us truncate and write whatever file it points to.
     """
 
     def __init__(self, run_dir: Path):
@@ -371,7 +376,13 @@ class RunLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise RunDirError(f"{self.path} is a symbolic link; a run's lock file must be a plain file "
+                              "(remove the link)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -391,8 +402,11 @@ class RunLock:
 
     def release(self) -> None:
         # The file stays: unlinking it would let a waiting process lock the old inode while a
-        # third creates a new file. Its stale content is harmless (see the class docstring).
+        # third creates a new file. It is emptied while the flock is still ours, so the next run
+        # finds no holder to take over from: a name left in the file means its holder died.
         if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
             with contextlib.suppress(OSError):
                 os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None

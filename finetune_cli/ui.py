@@ -73,7 +73,8 @@ class UI:
             self.console.rule(title) if not self.plain else self.console.print(f"== {title} ==", markup=False)
 
     def print(self, obj: Any) -> None:
-        if self.main:
+        """A result (a table, a summary line): like every line but errors and warnings, not with -q."""
+        if not self.quiet:
             self.console.print(obj)
 
     def error(self, msg: str) -> None:

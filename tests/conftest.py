@@ -35,7 +35,11 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("FINETUNE_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-    monkeypatch.delenv("FINETUNE_DATA_DIR", raising=False)
+    # Set, then removed: monkeypatch then puts back the state from before the test even when the
+    # code under test exports the variable (--data-dir is exported for the run); a delenv of an
+    # unset variable records nothing, and the export leaked into later tests' session fixtures.
+    monkeypatch.setenv("FINETUNE_DATA_DIR", "")
+    monkeypatch.delenv("FINETUNE_DATA_DIR")
 
 
 @pytest.fixture

@@ -29,7 +29,8 @@ DataDirOpt = Annotated[Optional[str], typer.Option(
     "--data-dir", help="Local folder of GLUE-format task folders (SST-2/, RTE/ …) used instead of the hub "
                        "for glue:* datasets. Default: $FINETUNE_DATA_DIR.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON document on stdout.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Only errors on stderr.")]
+QuietOpt = Annotated[bool, typer.Option(
+    "--quiet", "-q", help="Nothing on stderr but errors and warnings (--json output on stdout is unchanged).")]
 ExpectOpt = Annotated[Optional[list[str]], typer.Option(
     "--expect", help="Quality gate, e.g. 'accuracy>=0.85' or 'ece<=0.05' (repeatable): exit 4 with one line "
                      "naming the metric, its value and the bound when one fails.", show_default=False)]
@@ -83,7 +84,7 @@ def handle_errors(fn: Callable) -> Callable:
         ui = UI()
         try:
             return fn(*args, **kwargs)
-        except typer.Exit:
+        except (typer.Exit, BrokenPipeError):  # a closed pipe is no failure of ours: see cli/main.py
             raise
         except FinetuneError as e:
             if debug_enabled():

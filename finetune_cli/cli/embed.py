@@ -33,5 +33,5 @@ def embed_cmd(
                     normalize=normalize, device=device, precision=precision)
     if json_out:
         emit_json(res.to_dict())
-    elif not quiet:
+    else:
         ui.print(f"wrote {res.output} ({res.sentences} x {res.dim})" + (f" and {res.ids_file}" if res.ids_file else ""))

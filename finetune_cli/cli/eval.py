@@ -74,7 +74,7 @@ def eval_cmd(
             t.add_row(k + (f" ({res.calibration['n_bins']} bins)" if k != "nll" else ""),
                       f"{res.calibration[k]:.4f}")
     ui.print(t)
-    if res.per_class is not None and not quiet:
+    if res.per_class is not None:
         from finetune_cli.cli.eval_render import render_classification
 
         render_classification(ui, res)

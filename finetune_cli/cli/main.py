@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
-from typer.core import TyperGroup
 
 from finetune_cli import __version__
 from finetune_cli.cli import probe, recipes
@@ -14,53 +16,76 @@ from finetune_cli.cli.augment import augment
 from finetune_cli.cli.common import one_line, set_debug
 from finetune_cli.cli.embed import embed_cmd
 from finetune_cli.cli.eval import eval_cmd
+from finetune_cli.cli.literal_help import LiteralHelpCommand, LiteralHelpGroup
 from finetune_cli.cli.predict import predict_cmd
 from finetune_cli.cli.report import report_cmd
 from finetune_cli.cli.sweep import sweep_cmd
 from finetune_cli.cli.train import train
 from finetune_cli.errors import EXIT_CODES
 
-try:  # recent typer vendors click
-    from typer._click import exceptions as _cx
-except ImportError:  # pragma: no cover - typer that uses click itself
-    from click import exceptions as _cx  # type: ignore[no-redef]
-
-_NO_ARGS_IS_HELP = getattr(_cx, "NoArgsIsHelpError", ())
-
 EPILOG = "Exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()) + "."
 
 
-class OneLineErrors(TyperGroup):
+class OneLineErrors(LiteralHelpGroup):
     """Usage errors (``--batch-size 0``, an unknown option, a missing argument) as one stderr line,
     like every other error, instead of click's usage block or Typer's boxed panel: scripts and logs
-    read the last line. ``--help`` still shows the full usage."""
+    read the last line. ``--help`` still shows the full usage.
+
+    Only typer's public exceptions are caught: ``typer.TyperException`` is the base of the usage
+    errors of the click code typer carries, ``typer.Abort`` an aborted prompt."""
 
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except _NO_ARGS_IS_HELP as e:  # type: ignore[misc]
-            if not standalone_mode:
-                raise
-            e.show()
-            sys.exit(e.exit_code)
-        except _cx.ClickException as e:
-            if not standalone_mode:
-                raise
-            ctx = getattr(e, "ctx", None)
-            where = f"{ctx.command_path}: " if ctx is not None else ""
-            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-            typer.echo(f"error: {where}{one_line(e.format_message())}{hint}", err=True)
-            sys.exit(e.exit_code)
-        except _cx.Abort:
-            if not standalone_mode:
-                raise
+        except typer.TyperException as e:
+            _usage_error(e)
+        except typer.Abort:
             typer.echo("error: aborted", err=True)
             sys.exit(130)
-        if not standalone_mode:
-            return rv
+        except BrokenPipeError:
+            _closed_pipe()
+        except SystemExit as e:
+            # typer and rich meet a closed pipe with exit(1), raised while handling the BrokenPipeError
+            if isinstance(e.__context__, BrokenPipeError):
+                _closed_pipe()
+            raise
         # typer returns the exit code of a `typer.Exit` in non-standalone mode
         sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
+
+
+def _usage_error(e: typer.TyperException) -> NoReturn:
+    if type(e).__name__ == "NoArgsIsHelpError":  # `finetune`, `finetune recipes`: the help, shown already
+        e.show()  # type: ignore[attr-defined]
+        sys.exit(e.exit_code)
+    ctx = getattr(e, "ctx", None)
+    where = f"{ctx.command_path}: " if ctx is not None else ""
+    hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+    typer.echo(f"error: {where}{one_line(e.format_message())}{hint}", err=True)
+    sys.exit(e.exit_code)
+
+
+def _closed_pipe() -> NoReturn:
+    """The reader of stdout went away (``finetune train --help | head -1``): stop quietly with 0, as
+    ``git log | head`` does; nobody is left to read the rest. stdout is pointed at /dev/null first,
+    or Python's final flush would print its own BrokenPipeError (the recipe of Python's signal docs).
+    When it is stderr that closed (``2>&1 | head``), the command did not finish what it was asked:
+    exit 1 (there is nowhere left to say why)."""
+    stderr_closed = _reader_gone(sys.stderr)
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # not a real file (a test runner's)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(1 if stderr_closed else 0)
+
+
+def _reader_gone(stream: Any) -> bool:
+    """Whether ``stream`` is a pipe whose reading end is closed (poll reports an error on it)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        poller = select.poll()
+        poller.register(stream.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    return False
 
 
 # Exit codes, shown by `finetune --help`; scripts (and examples/ci_gate.sh) rely on them.
@@ -74,20 +99,20 @@ app = typer.Typer(
     add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     pretty_exceptions_enable=False,
 )
-app.command("train")(train)
-app.command("eval")(eval_cmd)
-app.command("augment")(augment)
-app.command("embed")(embed_cmd)
-app.command("predict")(predict_cmd)
+app.command("train", cls=LiteralHelpCommand)(train)
+app.command("eval", cls=LiteralHelpCommand)(eval_cmd)
+app.command("augment", cls=LiteralHelpCommand)(augment)
+app.command("embed", cls=LiteralHelpCommand)(embed_cmd)
+app.command("predict", cls=LiteralHelpCommand)(predict_cmd)
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(probe.app, name="probe")
-app.command("report")(report_cmd)
-app.command("sweep")(sweep_cmd)
+app.command("report", cls=LiteralHelpCommand)(report_cmd)
+app.command("sweep", cls=LiteralHelpCommand)(sweep_cmd)
 
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(__version__)
+        typer.echo(f"finetune {__version__}")
         raise typer.Exit()
 
 

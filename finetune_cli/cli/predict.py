@@ -35,6 +35,6 @@ def predict_cmd(
                       max_length=max_length, device=device, precision=precision)
     if json_out:
         emit_json(res.to_dict())
-    elif not quiet:
+    else:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(res.predicted.items()))
         ui.print(f"wrote {res.output} ({res.rows} rows, {res.problem_type})" + (f": {counts}" if counts else ""))

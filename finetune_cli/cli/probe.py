@@ -16,9 +16,10 @@ from finetune_cli.cli.common import (
     emit_json,
     handle_errors,
 )
+from finetune_cli.cli.literal_help import LiteralHelpCommand, LiteralHelpGroup
 from finetune_cli.ui import UI
 
-app = typer.Typer(help="Representational-collapse probes: fine-tune in stages, freeze, fit linear probes.",
+app = typer.Typer(cls=LiteralHelpGroup, help="Representational-collapse probes: fine-tune in stages, freeze, fit linear probes.",
                   no_args_is_help=True)
 
 ObjectivesOpt = Annotated[Optional[str], typer.Option(
@@ -65,7 +66,7 @@ def _run(mode: str, recipe: str, overrides, objectives, device, data_dir, overwr
     ui.log(f"wrote {res['out_dir']}/results.json, results.md, accuracy.png")
 
 
-@app.command("sequential")
+@app.command("sequential", cls=LiteralHelpCommand)
 @handle_errors
 def sequential(recipe: RecipeOpt, overrides: Overrides = None, tasks: TasksOpt = None,
                objectives: ObjectivesOpt = None, device: DeviceOpt = "auto", data_dir: DataDirOpt = None,
@@ -74,7 +75,7 @@ def sequential(recipe: RecipeOpt, overrides: Overrides = None, tasks: TasksOpt =
     _run("sequential", recipe, overrides, objectives, device, data_dir, overwrite, json_out, quiet, tasks=_split(tasks))
 
 
-@app.command("generalization")
+@app.command("generalization", cls=LiteralHelpCommand)
 @handle_errors
 def generalization(recipe: RecipeOpt, overrides: Overrides = None,
                    source: Annotated[Optional[str], typer.Option("--source", help="Task to fine-tune on (default: probe.source).")] = None,
@@ -86,7 +87,7 @@ def generalization(recipe: RecipeOpt, overrides: Overrides = None,
          source=source, targets=_split(targets))
 
 
-@app.command("retention")
+@app.command("retention", cls=LiteralHelpCommand)
 @handle_errors
 def retention(recipe: RecipeOpt, overrides: Overrides = None, tasks: TasksOpt = None,
               cycles: Annotated[Optional[int], typer.Option("--cycles", min=1, help="Passes over the tasks (default: probe.cycles).")] = None,

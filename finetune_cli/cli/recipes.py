@@ -7,11 +7,12 @@ from typing import Annotated
 import typer
 
 from finetune_cli.cli.common import JsonOpt, Overrides, emit_json, handle_errors
+from finetune_cli.cli.literal_help import LiteralHelpCommand, LiteralHelpGroup
 from finetune_cli.pipelines.recipes import load_any
 from finetune_cli.recipe import PACKAGED_RECIPES, resolve_recipe_path
 from finetune_cli.ui import UI
 
-app = typer.Typer(help="List, show and validate recipes.", no_args_is_help=True)
+app = typer.Typer(cls=LiteralHelpGroup, help="List, show and validate recipes.", no_args_is_help=True)
 
 
 def _description(path) -> str:
@@ -23,7 +24,7 @@ def _description(path) -> str:
     return ""
 
 
-@app.command("list")
+@app.command("list", cls=LiteralHelpCommand)
 @handle_errors
 def list_cmd(json_out: JsonOpt = False) -> None:
     """List the packaged recipes."""
@@ -45,14 +46,14 @@ def list_cmd(json_out: JsonOpt = False) -> None:
     UI().print(t)
 
 
-@app.command("show")
+@app.command("show", cls=LiteralHelpCommand)
 @handle_errors
 def show_cmd(name: Annotated[str, typer.Argument(help="Recipe name or file.")]) -> None:
     """Print a recipe file as written."""
     typer.echo(resolve_recipe_path(name).read_text(), nl=False)
 
 
-@app.command("validate")
+@app.command("validate", cls=LiteralHelpCommand)
 @handle_errors
 def validate_cmd(file: Annotated[str, typer.Argument(help="Recipe name or file.")], overrides: Overrides = None,
                  json_out: JsonOpt = False) -> None:

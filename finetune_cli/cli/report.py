@@ -36,9 +36,14 @@ def report_cmd(
     rep = build_report(run_dirs, compare or [], plot=out)
     curves_png = None
     if curves:
+        from finetune_cli.viz.curves import single_point_panels
         from finetune_cli.viz.report_curves import report_curves
 
-        curves_png, _ = report_curves(rep, Path(curves))
+        curves_png, drawn = report_curves(rep, Path(curves))
+        once = single_point_panels(drawn)
+        if once:
+            ui.warn(f"--curves: every run logged {', '.join(once)} once (a run shorter than train.log_every / "
+                    "train.eval_every): points, not curves; lower those, or set train.min_evals, for curves")
     if json_out:
         emit_json({**rep.to_dict(), **({"curves": str(curves_png)} if curves_png else {})})
         return

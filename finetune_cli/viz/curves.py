@@ -79,6 +79,12 @@ def _grid(n: int):
     return fig, list(axes.flat)
 
 
+def _visible(steps: Sequence[int], **style: Any) -> dict[str, Any]:
+    """``style``, with a marker when there is a single point: one point makes no line, and a run
+    shorter than ``train.log_every`` / ``train.eval_every`` logs each metric once."""
+    return {"marker": "o", "ms": 4, **style} if len(steps) == 1 else style
+
+
 def plot_curves(series: Mapping[str, Mapping[str, Series]], path: Path, title: str = "") -> Path:
     """One run: a panel per name in ``series``, train and eval lines."""
     fig, axes = _grid(max(1, len(series)))
@@ -86,7 +92,7 @@ def plot_curves(series: Mapping[str, Mapping[str, Series]], path: Path, title: s
         for kind, style in (("train", {"lw": 1.2}), ("eval", {"lw": 1.6, "marker": "o", "ms": 3})):
             if kind in kinds:
                 steps, vals = kinds[kind]
-                ax.plot(steps, vals, label=kind, **style)
+                ax.plot(steps, vals, label=kind, **_visible(steps, **style))
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)
@@ -118,8 +124,15 @@ def multi_run_series(groups: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]
     return dict(sorted(out.items(), key=lambda kv: any(g["kind"] == "eval" for g in kv[1].values())))
 
 
-def plot_multi_run(data: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path, title: str = "") -> Path:
-    """Several runs: seeds as thin lines, each recipe's mean bold, one colour per recipe."""
+def single_point_panels(data: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[str]:
+    """Panels of :func:`multi_run_series` data in which no run has two points (each logged once)."""
+    return [name for name, by_group in data.items()
+            if all(len(steps) < 2 for d in by_group.values() for steps, _ in d["runs"])]
+
+
+def draw_multi_run(data: Mapping[str, Mapping[str, Mapping[str, Any]]], title: str = ""):
+    """Several runs: seeds as thin lines, each recipe's mean bold, one colour per recipe. Returns
+    the matplotlib Figure (:func:`plot_multi_run` saves it)."""
     plt = pyplot()
     fig, axes = _grid(max(1, len(data)))
     groups = list(dict.fromkeys(g for panel in data.values() for g in panel))
@@ -129,9 +142,10 @@ def plot_multi_run(data: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Pa
         for g, d in by_group.items():
             kind = d["kind"]
             for steps, vals in d["runs"]:
-                ax.plot(steps, vals, color=colors[g], lw=0.7, alpha=0.45)
+                ax.plot(steps, vals, **_visible(steps, color=colors[g], lw=0.7, alpha=0.45))
             if d["mean"][0]:
-                ax.plot(*d["mean"], color=colors[g], lw=2.2, label=f"{g} (mean of {len(d['runs'])})")
+                ax.plot(*d["mean"], label=f"{g} (mean of {len(d['runs'])})",
+                        **_visible(d["mean"][0], color=colors[g], lw=2.2))
         ax.set_title(f"{name} ({kind})", fontsize=10)
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)
@@ -139,4 +153,9 @@ def plot_multi_run(data: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Pa
     if title:
         fig.suptitle(title[:120], fontsize=9)
     fig.tight_layout()
-    return save(fig, path)
+    return fig
+
+
+def plot_multi_run(data: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path, title: str = "") -> Path:
+    """:func:`draw_multi_run` saved to ``path``."""
+    return save(draw_multi_run(data, title), path)

@@ -86,3 +86,57 @@ def test_report_draws_curves_of_several_runs(tiny_recipe, tmp_path):
     assert len(runs) == 2 and all(steps == [2, 4] for steps, _ in runs)
     mean = data["loss"]["tiny"]["mean"]
     assert mean[1] == pytest.approx([(runs[0][1][i] + runs[1][1][i]) / 2 for i in range(2)])
+
+
+def _train_two_runs(tiny_recipe, tmp_path, *extra: str) -> list[str]:
+    runner = CliRunner()
+    for name, lr in (("x", "1e-3"), ("y", "5e-4")):
+        res = runner.invoke(app, ["train", "-r", "quickstart", *tiny_recipe(f"output.name={name}", f"train.lr={lr}", *extra),
+                                  "--device", "cpu", "-q"])
+        assert res.exit_code == 0, res.output
+    return [str(tmp_path / "runs" / "x"), str(tmp_path / "runs" / "y")]
+
+
+def _report_figure(runs: list[str], tmp_path):
+    """``finetune report RUNS --curves`` through the CLI, then the same data drawn into a Figure."""
+    from finetune_cli.pipelines.report import build_report
+    from finetune_cli.viz.curves import draw_multi_run
+    from finetune_cli.viz.report_curves import report_curves
+
+    res = CliRunner().invoke(app, ["report", *runs, "--curves", str(tmp_path / "curves.png"), "--no-plot"])
+    assert res.exit_code == 0, res.output
+    _, data = report_curves(build_report(runs), tmp_path / "again.png")
+    fig = draw_multi_run(data)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)  # its axes stay readable
+    return res, data, [ax for ax in fig.axes if ax.get_visible()]
+
+
+def _marked(line) -> bool:
+    return line.get_marker() not in (None, "", " ", "None")
+
+
+def test_report_curves_draw_a_line_in_every_panel(tiny_recipe, tmp_path):
+    pytest.importorskip("matplotlib")
+    runs = _train_two_runs(tiny_recipe, tmp_path, "train.max_steps=8", "train.eval_every=2", "train.log_every=2")
+    res, data, panels = _report_figure(runs, tmp_path)
+    assert [ax.get_title() for ax in panels] == [f"{n} ({'eval' if n in ('accuracy', 'f1_macro', 'mcc') else 'train'})"
+                                                 for n in data]
+    assert {"loss", "ce", "accuracy", "f1_macro", "mcc"} <= set(data)
+    for ax in panels:
+        assert any(len(line.get_xdata()) >= 2 for line in ax.get_lines()), ax.get_title()
+    assert "once" not in res.stderr
+
+
+def test_runs_that_logged_each_metric_once_are_drawn_as_points_and_said_so(tiny_recipe, tmp_path):
+    """The README's few-shot runs: 6 steps, log_every 10, eval_every 20, so every metric is logged
+    once (at the last step). A one-point line draws nothing: the panels were empty."""
+    pytest.importorskip("matplotlib")
+    runs = _train_two_runs(tiny_recipe, tmp_path, "train.max_steps=4", "train.log_every=10", "train.eval_every=20")
+    res, data, panels = _report_figure(runs, tmp_path)
+    assert panels and all(steps == [4] for d in data.values() for g in d.values() for steps, _ in g["runs"])
+    for ax in panels:
+        lines = ax.get_lines()
+        assert lines and all(_marked(line) for line in lines if len(line.get_xdata()) == 1), ax.get_title()
+    assert "--curves: every run logged loss, ce, accuracy, f1_macro, mcc once" in res.stderr

@@ -103,3 +103,55 @@ def test_another_ranks_write_probe_does_not_make_the_run_dir_look_used(tmp_path)
     (run_dir / "stray.txt").write_text("")  # a real stranger still blocks
     with pytest.raises(RunDirError, match="not empty and holds no finetune run"):
         RunDir(run_dir).claim(recipe, overwrite=False)
+
+
+def _train(tiny_recipe):
+    from typer.testing import CliRunner
+
+    from finetune_cli.cli.main import app
+
+    return CliRunner().invoke(app, ["train", "-r", "quickstart", *tiny_recipe(), "--device", "cpu"])
+
+
+def test_only_a_holder_that_died_is_taken_over(tiny_recipe, tmp_path):
+    """A clean finish empties the lock file, so a rerun has no one to take over from; a holder
+    killed with SIGKILL leaves its name, and the next run says whose lock it took."""
+    run = tmp_path / "runs" / "tiny"
+    first = _train(tiny_recipe)
+    assert first.exit_code == 0, first.output
+    again = _train(tiny_recipe)
+    assert again.exit_code == 0 and "already complete" in again.stderr, again.output
+    assert "taking over" not in again.stderr
+    assert (run / LOCK).read_text() == ""  # released cleanly: no holder named
+
+    child = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    after_kill = _train(tiny_recipe)
+    assert after_kill.exit_code == 0, after_kill.output
+    assert f"taking over {run / LOCK}: its holder ({child.pid} " in after_kill.stderr
+    assert "is no longer running" in after_kill.stderr
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tiny_recipe, tmp_path):
+    run = tmp_path / "runs" / "tiny"
+    run.mkdir(parents=True)
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me\n")
+    (run / LOCK).symlink_to(outside)
+    res = _train(tiny_recipe)
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "symbolic link" in lines[0], res.stderr
+    assert outside.read_text() == "keep me\n"
+    assert sorted(p.name for p in run.iterdir()) == [LOCK]  # nothing written beside the link
+
+    dangling = tmp_path / "other"
+    dangling.mkdir()
+    (dangling / LOCK).symlink_to(tmp_path / "would-be-created")
+    with pytest.raises(RunDirError, match="symbolic link"):
+        RunLock(dangling).acquire()
+    assert not (tmp_path / "would-be-created").exists()  # O_CREAT did not follow the link
