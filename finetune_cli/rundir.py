@@ -334,10 +334,14 @@ class RunDir:
         except (RunDirError, RecipeError):
             raise RunDirError(f"output directory {d} holds a run whose recipe.yaml cannot be read; "
                               f"pass --overwrite to replace it") from None
-        if old.fingerprint() == recipe.fingerprint():
-            return True
-        return same_job(Path(f"output directory {d}"), _fingerprinted(old), _fingerprinted(recipe), kind="run",
-                        overwrite=False, remedy="pass --overwrite to replace it, or set output.name")
+        return same_run(f"output directory {d}", old, recipe, "pass --overwrite to replace it, or set output.name")
+
+
+def same_run(where: str, old: Recipe, new: Recipe, remedy: str) -> bool:
+    """True when ``old`` (a stored recipe) trains what ``new`` trains (the output folder aside);
+    else the one-line refusal of :func:`same_job`, naming the differing keys."""
+    return old.fingerprint() == new.fingerprint() or same_job(
+        Path(where), _fingerprinted(old), _fingerprinted(new), kind="run", overwrite=False, remedy=remedy)
 
 
 def _fingerprinted(r: Recipe) -> dict[str, Any]:

@@ -4,8 +4,8 @@ Three steps (torchtune's recipe shape): **setup** (claim the output folder, read
 checkpoint to resume from, build the model and the trainer), **train** (the engine's one loop),
 **finish** (``final/``, the curves, ``summary.json``).
 
-Re-running the same recipe into the same directory resumes from its newest checkpoint (or does
-nothing if the run is complete); a different recipe there is refused unless ``overwrite``.
+Re-running the same recipe into the same folder resumes (or does nothing if the run is complete);
+a different recipe there is refused unless ``overwrite``, and ``--resume`` of another job's checkpoint.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text
 from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
 from finetune_cli.pipelines.common import EVALUATORS, encode, load_data, model_card_info
 from finetune_cli.pipelines.recipes import Plan, validate_recipe
-from finetune_cli.rundir import CHECKPOINT_MODEL, RunDir, RunLock, checkpoint_problem
+from finetune_cli.rundir import CHECKPOINT_MODEL, RunDir, RunLock, checkpoint_problem, same_run
 
 
 @dataclass
@@ -75,7 +75,7 @@ def _claim_output(run: RunDir, plan: Plan, overwrite: bool) -> None:
 def _setup(plan: Plan, run: RunDir, ui, procs: Processes, *, device: str, data_dir: Optional[Path],
            resume: Optional[str], callbacks: Sequence[Callable]) -> tuple[Trainer, TaskData, Optional[Path]]:
     data = _setup_data(plan, data_dir, ui)
-    ck = _resume_point(run, resume, ui)
+    ck = _resume_point(plan, run, resume, ui)
     run.path.mkdir(parents=True, exist_ok=True)
     if procs.is_main:
         atomic_write_text(run.recipe_file, plan.recipe.to_yaml())
@@ -98,14 +98,16 @@ def _setup_data(plan: Plan, data_dir: Optional[Path], ui) -> TaskData:
     return data
 
 
-def _resume_point(run: RunDir, resume: Optional[str], ui) -> Optional[Path]:
-    """``--resume``'s checkpoint (checked), else the run's newest intact one, else None."""
+def _resume_point(plan: Plan, run: RunDir, resume: Optional[str], ui) -> Optional[Path]:
+    """``--resume``'s checkpoint (checked, and of this job), else the run's newest intact one."""
     if not resume:
         return run.intact_checkpoint(ui.warn, verify=states_problem)
     ck = Path(resume)
     why = checkpoint_problem(ck, states_problem) if ck.is_dir() else "not a directory"
     if why is not None:
         raise RunDirError(f"--resume {resume}: not a usable checkpoint ({why})")
+    same_run(f"--resume {resume}: checkpoint", validate_recipe(RunDir(ck).read_recipe()), plan.recipe,
+             "resume a checkpoint of this recipe, or train without --resume")
     return ck
 
 
@@ -154,8 +156,6 @@ def _train(trainer: Trainer, ck: Optional[Path]):  # the engine's one loop
         where = f"; checkpoint saved at {e.checkpoint}" if e.checkpoint else ""
         raise KeyboardInterrupt(f"interrupted{where}; rerun the same command to resume") from None
 
-
-# ---- finish ------------------------------------------------------------------------------------
 
 def _finish(plan: Plan, run: RunDir, trainer: Trainer, data: TaskData, result, procs: Processes, ui) -> dict:
     """``final/``, the curves and ``summary.json`` (written last: the run is complete)."""
