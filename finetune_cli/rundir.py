@@ -179,6 +179,9 @@ def read_json_object(f: Path) -> Optional[dict[str, Any]]:
 
 # ---- the same job, or refuse -------------------------------------------------------------------
 
+_UNSET = type("_Unset", (), {"__repr__": lambda self: "unset"})()
+
+
 def _shown(v: Any) -> str:
     r = repr(v)
     return r if len(r) <= 60 else r[:57] + "..."
@@ -189,8 +192,8 @@ def differences(old: Any, new: Any, prefix: str = "", skip: Sequence[str] = ("ou
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         out: list[str] = []
         for k in [*old, *(k for k in new if k not in old)]:
-            if k not in skip and old.get(k) != new.get(k):
-                out += differences(old.get(k), new.get(k), f"{prefix}.{k}" if prefix else str(k), ())
+            if k not in skip and old.get(k, _UNSET) != new.get(k, _UNSET):
+                out += differences(old.get(k, _UNSET), new.get(k, _UNSET), f"{prefix}.{k}" if prefix else str(k), ())
         return out
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         return [d for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b
