@@ -55,19 +55,28 @@ def _free_space(path: Path) -> str:
 
 
 def is_write_failure(e: BaseException) -> bool:
-    """An OSError, or the RuntimeError ``torch.save`` raises when its writer fails (a full disk)."""
+    """An OSError, the RuntimeError ``torch.save`` raises when its writer fails (a full disk), or
+    the I/O error safetensors reports (``SafetensorError: ... I/O error: ... (os error 28)``)."""
     if isinstance(e, OSError):
         return True
     msg = str(e)
+    if type(e).__name__ == "SafetensorError":
+        return "I/O error" in msg or "IoError" in msg
     return isinstance(e, RuntimeError) and ("inline_container" in msg or "file write failed" in msg
                                              or "unexpected pos" in msg)
+
+
+def _disk_full(e: BaseException) -> bool:
+    msg = str(e)
+    return (getattr(e, "errno", None) == errno.ENOSPC or "No space left" in msg or "os error 28" in msg
+            or "StorageFull" in msg or "unexpected pos" in msg or "file write failed" in msg)
 
 
 def output_error(e: BaseException, path: str | Path, doing: str = "write") -> OutputError:
     """One line for a failed write of ``path``: what, where, and the free space on its disk."""
     target = str(getattr(e, "filename", None) or path)
     code = getattr(e, "errno", None)
-    if code == errno.ENOSPC or "unexpected pos" in str(e) or "file write failed" in str(e):
+    if _disk_full(e):
         return OutputError(f"no space left on the disk holding {path} while writing {target} "
                            f"({_free_space(Path(path))} free); free some space or choose another output, "
                            f"then rerun")
