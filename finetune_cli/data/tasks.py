@@ -56,13 +56,15 @@ def data_dir_from_env(explicit: Optional[str]) -> Optional[Path]:
     return p
 
 
-def _colmap(cfg: DataConfig, required: tuple[str, ...]) -> dict[str, Any]:
-    cm = {k: getattr(cfg.columns, k) for k in cfg.columns.__dataclass_fields__}
+def _colmap(cfg: DataConfig, which: str, required: tuple[str, ...]) -> dict[str, Any]:
+    """The column map of the train or eval file: ``data.eval_columns`` for the eval file when set."""
+    columns = cfg.eval_columns if which == "eval" and cfg.eval_columns is not None else cfg.columns
+    cm = {k: getattr(columns, k) for k in columns.__dataclass_fields__}
     return {k: v for k, v in cm.items() if v is not None and (k in required or k == "text_pair")}
 
 
 def _read(cfg: DataConfig, which: str, data_dir: Optional[Path], required: tuple[str, ...]) -> Optional[Table]:
-    colmap = _colmap(cfg, required)
+    colmap = _colmap(cfg, which, required)
     if cfg.dataset:
         name, config = glue.parse_dataset(cfg.dataset)
         task = glue.glue_task(name, config)
@@ -217,6 +219,10 @@ def _map_multi_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConf
     sets: dict[int, list[list[str]]] = {}
     for t in (train, ev):
         if t is not None:
+            for i, v in enumerate(t.columns["label"]):
+                if isinstance(v, (list, tuple)) and any(x is None or isinstance(x, (list, tuple, dict)) for x in v):
+                    raise DataError(f"row {_row(t, i)} of {t.source} has the label {v!r}: a multi-label row is a flat "
+                                    f"list of labels (no nested lists, objects or nulls)")
             sets[id(t)] = [_label_set(v, cfg.label_separator) for v in t.columns["label"]]
     if cfg.label_names:
         names = list(cfg.label_names)

@@ -111,6 +111,23 @@ def test_min_classes_and_float_labels(tmp_path):
         _load(f"data.train={tr}", label_type="float")
 
 
+def test_eval_columns_name_the_eval_files_columns_for_a_classifier(tmp_path):
+    tr, ev = tmp_path / "tr.tsv", tmp_path / "ev.tsv"
+    tr.write_text("sentence\tlabel\na\tpos\nb\tneg\n")
+    ev.write_text("review\tgold\nc\tneg\n")
+    d = _load(f"data.train={tr}", f"data.eval={ev}", "data.columns.text=sentence", "data.eval_columns.text=review",
+              "data.eval_columns.label=gold")
+    assert d.train.columns["text"] == ["a", "b"] and d.eval.columns == {"text": ["c"], "label": [0]}
+
+
+def test_nested_lists_in_a_multi_label_row_are_refused(tmp_path):
+    f = tmp_path / "m.jsonl"
+    f.write_text('{"text": "a", "label": ["comedy"]}\n{"text": "b", "label": [["comedy"], 3]}\n')
+    with pytest.raises(DataError, match=r"row 2 of .*m.jsonl has the label \[\['comedy'\], 3\]: a multi-label row is "
+                                        r"a flat list"):
+        _load(f"data.train={f}", label_type="multi")
+
+
 def test_few_shot_is_per_class_and_seeded():
     labels = [0] * 50 + [1] * 30 + [2] * 3
     a = few_shot_indices(labels, 5, seed=3)
