@@ -21,7 +21,7 @@ from typing import Any, Optional
 import numpy as np
 
 from finetune_cli.data import glue
-from finetune_cli.data.sources import DATA_DIR_ENV, Table, is_missing, read_file, read_hub
+from finetune_cli.data.sources import DATA_DIR_ENV, Table, invalid_text, is_missing, read_file, read_hub
 from finetune_cli.errors import DataError
 from finetune_cli.recipe import DataConfig
 
@@ -95,7 +95,7 @@ def _is_int(s: str) -> bool:
 
 
 def _row(t: Table, i: int) -> int:
-    return t.row_ids[i] if t.row_ids else i + 1
+    return t.row(i)
 
 
 def _check_labels_present(t: Table) -> None:
@@ -108,15 +108,8 @@ def _check_labels_present(t: Table) -> None:
 def invalid_row(t: Table, i: int, text_columns: tuple[str, ...], label: bool) -> Optional[str]:
     """Why row ``i`` cannot be used (a missing label, a missing/empty/non-text text), or None."""
     for c in text_columns:
-        if c not in t.columns:
-            continue
-        v = t.columns[c][i]
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return f"has no text in column `{c}` (null)"
-        if not isinstance(v, str):
-            return f"has {type(v).__name__} {v!r} in text column `{c}`, not a string"
-        if not v.strip():
-            return f"has an empty text in column `{c}`"
+        if c in t.columns and (why := invalid_text(t.columns[c][i], c)) is not None:
+            return why
     if label and "label" in t.columns and is_missing(t.columns["label"][i], ("nan",)):
         return f"has no label ({t.columns['label'][i]!r})"
     return None
@@ -163,7 +156,7 @@ def _refuse_multi_labels(t: Table, raw: list[Any]) -> None:
     for i, v in enumerate(raw):
         several = isinstance(v, (list, tuple)) or any(s in str(v) for s in MULTI_SEPARATORS)
         if several:
-            row = t.row_ids[i] if t.row_ids else i + 1
+            row = t.row(i)
             shown = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v).strip()
             raise DataError(f"label `{shown}` in row {row} of {t.source} looks like several labels; for multi-label "
                             f"classification set model.problem_type=multi_label_classification (and "
@@ -195,7 +188,7 @@ def _map_class_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConf
         ids = []
         for i, v in enumerate(t.columns["label"]):
             if v not in index:
-                row = t.row_ids[i] if t.row_ids else i + 1
+                row = t.row(i)
                 seen = "never seen in training" if what == "evaluation" else "not in data.label_names"
                 raise DataError(f"label `{v}` in row {row} of {t.source} was {seen} (known: {', '.join(names)})")
             ids.append(index[v])
@@ -240,7 +233,7 @@ def _map_multi_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConf
             v = [0.0] * len(names)
             for x in s:
                 if x not in index:
-                    row = t.row_ids[i] if t.row_ids else i + 1
+                    row = t.row(i)
                     raise DataError(f"label `{x}` in row {row} of {t.source} was never seen in training "
                                     f"(known: {', '.join(names)})")
                 v[index[x]] = 1.0
@@ -268,7 +261,7 @@ def _refuse_scores_as_classes(t: Table) -> None:
     if all(_is_number(v) for v in labels):
         for i, v in enumerate(labels):
             if _is_score(v):
-                row = t.row_ids[i] if t.row_ids else i + 1
+                row = t.row(i)
                 raise DataError(f"label `{v}` in row {row} of {t.source} is a regression score, but this objective "
                                 f"needs class labels (use a regression objective, or set data.label_names if "
                                 f"these numbers are class names)")
