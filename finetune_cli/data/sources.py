@@ -110,7 +110,7 @@ def check_input_file(path: Path, src: str) -> None:
         raise DataError(f"data file {src} is a directory, not a file")
     if not stat.S_ISREG(mode):
         kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
-        raise DataError(f"data file {src} is not a regular file ({kind}); write the rows to a file and pass that")
+        raise DataError(f"data file {src} is not a regular file but {kind}; write the rows to a file and pass that")
 
 
 def is_missing(v: Any, words: tuple[str, ...] = ()) -> bool:
@@ -131,7 +131,7 @@ def invalid_text(v: Any, column: str) -> Optional[str]:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return f"has no text in column `{column}` (null or missing)"
     if not isinstance(v, str):
-        return f"has {type(v).__name__} {str(v)[:60]!r} in text column `{column}`, not a string"
+        return f"has {type(v).__name__} {repr(v)[:60]} in text column `{column}`, not a string"
     if not v.strip():
         return f"has an empty text in column `{column}`"
     return None
