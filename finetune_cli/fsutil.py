@@ -145,25 +145,10 @@ def check_output_file(path: str | Path, what: str = "output") -> Path:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    path = Path(path)
-    ensure_dir(path.parent)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise output_error(e, path) from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        _public(Path(tmp), is_dir=False)
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise output_error(e, path) from None
-        raise
+    with atomic_file(path) as tmp, tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
@@ -234,12 +219,12 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
 
 
 def clean_stale_temps(directory: str | Path) -> None:
-    """Remove leftovers of interrupted atomic writes (hidden ``.*.tmp`` / ``.*.old-*`` entries)."""
+    """Remove leftovers of interrupted atomic writes (hidden ``.*.tmp[.ext]`` / ``.*.old-*`` entries)."""
     d = Path(directory)
     if not d.is_dir():
         return
     for p in d.iterdir():
-        if p.name.startswith(".") and (p.name.endswith(".tmp") or ".old-" in p.name):
+        if p.name.startswith(".") and (p.name.endswith(".tmp") or ".tmp." in p.name or ".old-" in p.name):
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
             else:

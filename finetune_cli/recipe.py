@@ -349,9 +349,11 @@ def apply_overrides(tree: dict[str, Any], overrides: Sequence[str]) -> dict[str,
                     break
             if isinstance(node, dict) and keys[-1] in node:
                 node.pop(keys[-1])
-            elif keys[-1] not in (_schema_keys(keys[:-1]) or ()):
+            elif ov[1:] not in (known := [*_dotted(Recipe), *_dotted(ProbeRecipe), *_dotted(tree)]):
                 # a key the recipe may hold but does not is already at its default; anything else is a typo
-                raise _no_key_to_drop(ov, keys, tree)
+                m = difflib.get_close_matches(ov[1:], known, n=1, cutoff=0.6)
+                raise RecipeError(f"override `{ov}`: there is no key `{ov[1:]}` to drop"
+                                  + (f"; did you mean `{m[0]}`?" if m else ""))
             continue
         if "=" not in ov:
             raise RecipeError(f"override `{ov}` must look like key=value or ~key")
@@ -376,35 +378,16 @@ def apply_overrides(tree: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return tree
 
 
-def _schema_keys(path: Sequence[str]) -> Optional[list[str]]:
-    """The keys a training or probe recipe accepts under the section ``path`` (None: not a section)."""
-    keys: list[str] = []
-    for cls in (Recipe, ProbeRecipe):
-        tp: Any = cls
-        for k in path:
-            hints = typing.get_type_hints(tp) if dataclasses.is_dataclass(tp) else {}
-            tp = next((a for a in typing.get_args(hints[k]) or (hints[k],) if dataclasses.is_dataclass(a)), None) \
-                if k in hints else None
-            if tp is None or tp is ObjectiveConfig:  # an objective's own parameters are free-form
-                break
-        if tp is not None and tp is not ObjectiveConfig:
-            keys += [f.name for f in dataclasses.fields(tp) if not f.metadata.get("internal")]
-    return list(dict.fromkeys(keys)) if keys else None
-
-
-def _no_key_to_drop(ov: str, keys: list[str], tree: dict[str, Any]) -> RecipeError:
-    """``~a.b.c`` names no key: point at its first part that is neither in the recipe nor in the schema."""
-    node: Any = tree
-    for i, k in enumerate(keys):
-        here = list(dict.fromkeys([*(_schema_keys(keys[:i]) or ()), *(node if isinstance(node, dict) else ())]))
-        prefix = ".".join(keys[:i])
-        if not here:
-            return RecipeError(f"override `{ov}`: there is no key `{ov[1:]}` to drop (`{prefix}` holds no keys)")
-        if k not in here or i == len(keys) - 1:
-            return RecipeError(f"override `{ov}`: there is no key `{ov[1:]}` to drop" + closest(
-                ".".join(keys[: i + 1]), [f"{prefix}.{o}" if prefix else str(o) for o in here]))
-        node = node.get(k) if isinstance(node, dict) else None
-    raise AssertionError("unreachable")  # pragma: no cover
+def _dotted(section: Any, prefix: str = "") -> list[str]:
+    """Every dotted key of a recipe class or plain tree (an objective's own parameters are free-form)."""
+    if isinstance(section, dict):
+        return [k for key, v in section.items() for k in (f"{prefix}{key}", *_dotted(v, f"{prefix}{key}."))]
+    if not dataclasses.is_dataclass(section) or section is ObjectiveConfig:
+        return []
+    hints = typing.get_type_hints(section)
+    return [k for f in dataclasses.fields(section) if not f.metadata.get("internal")
+            for k in (f"{prefix}{f.name}", *_dotted(next((a for a in typing.get_args(hints[f.name]) or (hints[f.name],)
+                                                            if dataclasses.is_dataclass(a)), None), f"{prefix}{f.name}."))]
 
 
 def _one_line(err: Exception) -> str:

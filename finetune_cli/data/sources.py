@@ -1,23 +1,14 @@
 """The one table reader: local files (and Hugging Face hub datasets) into column tables.
 
-Every command that reads rows (train, eval, predict, embed, augment, probe) opens a local file
-with :func:`open_table`, so all of them read it the same way:
-
-* text is decoded with ``data.encoding`` (UTF-8 by default); a UTF-8 byte-order mark is dropped
-  (it would otherwise become part of the first column's name), and bytes that do not decode are
-  one error naming the byte offset and the row;
-* CSV is read with the csv module's quoting; TSV without quote processing, as GLUE's files are (a
-  stray ``"`` in a sentence is text); JSONL is split at ``\\n`` only (a U+2028 inside a string is
-  text); JSON is a list of records (or an object whose ``data`` is one); Parquet is read in record
-  batches; TXT is one sentence a line. Blank lines are skipped;
-* rows are numbered as the file is: the line for CSV/TSV/JSONL/TXT (a CSV record over several
-  lines has its first), the record for JSON and Parquet; every error names the file and the row;
-* a header naming a column twice, a key twice in one record, a record that is not an object, a
-  short row, a directory or a FIFO given as the file: each is refused in one line.
-
-:meth:`TableFile.chunks` streams the rows in chunks of :data:`CHUNK_ROWS`, so a command that maps
-rows to outputs (predict, embed) holds one chunk at a time; :func:`read_file` gathers them into one
-:class:`Table` (a logical name such as ``text`` or ``label`` for each column it picks).
+Every command that reads rows (train, eval, predict, embed, augment, probe) opens a file with
+:func:`open_table`, so all read it alike: ``data.encoding`` (UTF-8 by default) with a UTF-8 BOM
+dropped and undecodable bytes named by offset and row; CSV with the csv module's quoting, TSV
+without (as GLUE's: a stray ``"`` is text), JSONL split at ``\\n`` only (a U+2028 in a string is
+text), JSON as a list of records, Parquet in record batches, TXT one sentence a line; blank lines
+skipped; rows numbered as the file is (the line, or the record for JSON/Parquet). A header naming a
+column twice, a key twice in a record, a non-object record, a short row, a directory or a FIFO is
+refused in one line. :meth:`TableFile.chunks` streams the rows, so ``predict`` and ``embed`` hold
+one chunk at a time; :func:`read_file` gathers them into one :class:`Table` of logical columns.
 """
 
 from __future__ import annotations
@@ -38,7 +29,7 @@ from finetune_cli.errors import DataError
 
 PKG_RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 Col = Union[str, int]
-CHUNK_ROWS = 4096  # rows a streaming command holds at a time: enough for full length-sorted batches
+CHUNK_ROWS = 2048  # rows a streaming command holds at a time: 32 length-sorted batches of 64
 FORMATS = ("csv", "tsv", "jsonl", "json", "parquet", "txt")
 
 
@@ -265,19 +256,14 @@ class TableFile:
     # ---- columns --------------------------------------------------------------------------------
     def key(self, col: Col) -> str:
         """The name chunks give column ``col`` (a name, or a 0-based index), or a one-line error."""
-        if self.fmt == "txt":
-            return "text"
-        if isinstance(col, int) or (col.isdigit() and col not in self.names):
-            if self.fmt in ("csv", "tsv") and not self.has_header:
-                return str(int(col))
-            if self.fmt in ("csv", "tsv") and int(col) < len(self.names):
-                return self.names[int(col)]
-        elif col in self.names:
-            return col
-        if self.fmt in ("csv", "tsv"):
-            raise DataError(f"missing column `{col}` in {self.src} (header: "
-                            f"{', '.join(self.names[:12]) if self.has_header else 'none'})")
-        raise DataError(f"missing column `{col}` in row 1 of {self.src} (keys: {', '.join(self.names[:12])})")
+        delimited = self.fmt in ("csv", "tsv")
+        if self.fmt == "txt" or col in self.names:
+            return "text" if self.fmt == "txt" else str(col)
+        if delimited and str(col).isdigit() and (not self.has_header or int(col) < len(self.names)):
+            return self.names[int(col)] if self.has_header else str(int(col))
+        where = (f"header: {', '.join(self.names[:12]) if self.has_header else 'none'}" if delimited
+                 else f"keys of row 1: {', '.join(self.names[:12])}")
+        raise DataError(f"missing column `{col}` in {self.src} ({where})")
 
     def _picker(self, keys: list[str], optional: Collection[str], strict: bool) -> Callable[[int, Any], list[Any]]:
         src = self.src
@@ -378,10 +364,6 @@ class TableFile:
         return list(names), rows
 
 
-def _first(tf: TableFile) -> Any:
-    return next(tf._rows(), (0, None))[1]
-
-
 def open_table(path_str: str, fmt: str = "auto", header: str = "auto", encoding: str = "utf-8",
                hint: str = ENCODING_HINT, expect: Sequence[Col] = ()) -> TableFile:
     """Open a local file for reading: check it is a regular file, tell its format (``fmt`` or the
@@ -395,24 +377,22 @@ def open_table(path_str: str, fmt: str = "auto", header: str = "auto", encoding:
     if tf.fmt not in FORMATS:
         raise DataError(f"unsupported data format `{tf.fmt}` for {path_str}")
     if tf.fmt == "parquet":
-        _, pf = tf._parquet()
-        tf.names, tf.has_header, empty = list(pf.schema_arrow.names), True, pf.metadata.num_rows == 0
-    elif tf.fmt == "txt":
-        tf.names, empty = ["text"], _first(tf) is None
-    elif tf.fmt in ("jsonl", "json"):
-        first = next(tf._rows(), None)
-        empty = first is None
-        tf.names, tf.has_header = ([str(k) for k in tf._object(*first)] if first else []), True
+        pf = tf._parquet()[1]
+        tf.names, tf.has_header, first = list(pf.schema_arrow.names), True, pf.metadata.num_rows or None
     else:
-        first = _first(tf)
-        empty = first is None
-        named = [c for c in expect if isinstance(c, str) and c]
-        tf.has_header = header == "yes" or (header == "auto" and bool(named) and all(c in (first or ()) for c in named))
-        if header == "auto" and first is not None and not tf.has_header and not all(c.isdigit() for c in named):
-            missing = next(c for c in named if c not in first)
-            raise DataError(f"missing column `{missing}` in {path_str} (header: {', '.join(first[:12])})")
-        tf.names = list(first or ()) if tf.has_header else [str(i) for i in range(len(first or ()))]
-    if empty:
+        n, first = next(tf._rows(), (0, None))
+        if tf.fmt in ("jsonl", "json"):
+            tf.names, tf.has_header = [str(k) for k in tf._object(n, first)] if n else [], True
+        elif tf.fmt in ("csv", "tsv") and first is not None:
+            named = [c for c in expect if isinstance(c, str) and c]
+            tf.has_header = header == "yes" or (header == "auto" and bool(named) and all(c in first for c in named))
+            if header == "auto" and not tf.has_header and not all(c.isdigit() for c in named):
+                missing = next(c for c in named if c not in first)
+                raise DataError(f"missing column `{missing}` in {path_str} (header: {', '.join(first[:12])})")
+            tf.names = list(first) if tf.has_header else [str(i) for i in range(len(first))]
+        else:
+            tf.names = ["text"]
+    if first is None:
         raise DataError(f"data file {path_str} is empty")
     if tf.has_header and len(set(tf.names)) != len(tf.names):
         dup = next(c for c in tf.names if tf.names.count(c) > 1)
