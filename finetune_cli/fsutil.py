@@ -72,14 +72,15 @@ def _disk_full(e: BaseException) -> bool:
             or "StorageFull" in msg or "unexpected pos" in msg or "file write failed" in msg)
 
 
-def output_error(e: BaseException, path: str | Path, doing: str = "write") -> OutputError:
-    """One line for a failed write of ``path``: what, where, and the free space on its disk."""
-    target = str(getattr(e, "filename", None) or path)
+def output_error(e: BaseException, path: Optional[str | Path], doing: str = "write") -> OutputError:
+    """One line for a failed write of ``path``: what, where, and the free space on its disk (None:
+    a path the error does not name either, so no disk is named rather than a wrong one)."""
+    path = path or getattr(e, "filename", None)
+    target = str(getattr(e, "filename", None) or path or "a file")
     code = getattr(e, "errno", None)
     if _disk_full(e):
-        return OutputError(f"no space left on the disk holding {path} while writing {target} "
-                           f"({_free_space(Path(path))} free); free some space or choose another output, "
-                           f"then rerun")
+        where = f"the disk holding {path} while writing {target} ({_free_space(Path(path))} free)" if path else "a disk"
+        return OutputError(f"no space left on {where}; free some space or choose another output, then rerun")
     if code == errno.EROFS:
         return OutputError(f"cannot {doing} {target}: read-only file system")
     if code in (errno.EACCES, errno.EPERM):

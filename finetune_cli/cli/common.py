@@ -97,7 +97,7 @@ def handle_errors(fn: Callable) -> Callable:
             if debug_enabled():
                 traceback.print_exc(file=sys.stderr)
             if is_write_failure(e):
-                err = output_error(e, getattr(e, "filename", None) or "a file", "access")
+                err = output_error(e, None, "access")
                 ui.error(one_line(str(err)))
                 raise typer.Exit(err.exit_code) from None
             where = ""

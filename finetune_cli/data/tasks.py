@@ -94,14 +94,10 @@ def _is_int(s: str) -> bool:
         return False
 
 
-def _row(t: Table, i: int) -> int:
-    return t.row(i)
-
-
 def _check_labels_present(t: Table) -> None:
     for i, v in enumerate(t.columns["label"]):
         if is_missing(v, ("nan",)):
-            raise DataError(f"row {_row(t, i)} of {t.source} has no label ({v!r}; unlabeled data cannot train this "
+            raise DataError(f"row {t.row(i)} of {t.source} has no label ({v!r}; unlabeled data cannot train this "
                             f"objective; data.drop_invalid=true drops such rows)")
 
 
@@ -123,13 +119,13 @@ def check_rows(t: Table, text_columns: tuple[str, ...], label: bool, drop: bool,
     if not drop:
         i, why = bad[0]
         more = f" ({len(bad) - 1} more such rows)" if len(bad) > 1 else ""
-        raise DataError(f"row {_row(t, i)} of {t.source} {why}{more}; fix the data or set data.drop_invalid=true "
+        raise DataError(f"row {t.row(i)} of {t.source} {why}{more}; fix the data or set data.drop_invalid=true "
                         f"to drop such rows")
     keep = sorted(set(range(len(t))) - {i for i, _ in bad})
     if not keep:
-        raise DataError(f"every row of {t.source} is invalid (e.g. row {_row(t, bad[0][0])} {bad[0][1]})")
+        raise DataError(f"every row of {t.source} is invalid (e.g. row {t.row(bad[0][0])} {bad[0][1]})")
     notes.append(f"dropped {len(bad)} of {len(t)} rows of {t.source} (data.drop_invalid): first, row "
-                 f"{_row(t, bad[0][0])} {bad[0][1]}")
+                 f"{t.row(bad[0][0])} {bad[0][1]}")
     return t.select(keep)
 
 
@@ -214,7 +210,7 @@ def _map_multi_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConf
         if t is not None:
             for i, v in enumerate(t.columns["label"]):
                 if isinstance(v, (list, tuple)) and any(x is None or isinstance(x, (list, tuple, dict)) for x in v):
-                    raise DataError(f"row {_row(t, i)} of {t.source} has the label {v!r}: a multi-label row is a flat "
+                    raise DataError(f"row {t.row(i)} of {t.source} has the label {v!r}: a multi-label row is a flat "
                                     f"list of labels (no nested lists, objects or nulls)")
             sets[id(t)] = [_label_set(v, cfg.label_separator) for v in t.columns["label"]]
     if cfg.label_names:
@@ -276,10 +272,10 @@ def _map_float_labels(t: Optional[Table]) -> None:
         try:
             f = float(v)
         except (TypeError, ValueError):
-            raise DataError(f"label `{v}` in row {_row(t, i)} of {t.source} is not a number (this objective needs "
+            raise DataError(f"label `{v}` in row {t.row(i)} of {t.source} is not a number (this objective needs "
                             f"a regression score)") from None
         if not math.isfinite(f):
-            raise DataError(f"label `{v}` in row {_row(t, i)} of {t.source} is not a finite number (a gold score "
+            raise DataError(f"label `{v}` in row {t.row(i)} of {t.source} is not a finite number (a gold score "
                             f"must be finite)")
         out.append(f)
     t.columns["label"] = out
