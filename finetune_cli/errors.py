@@ -8,7 +8,8 @@ Exit codes (also in the README and ``finetune --help``):
       the traceback
 2     bad input: a command-line usage error, a recipe, data, model, device or run-directory problem
 3     training cannot go on (a non-finite loss, a precision this device lacks)
-4     an output cannot be written or an input file cannot be read: a path that is a file, a
+4     a quality gate (``--expect``) failed: the metric missed its bound
+5     an output cannot be written or an input file cannot be read: a path that is a file, a
       read-only folder, a full disk
 130   interrupted (Ctrl-C / SIGTERM); a checkpoint was saved, rerun to resume
 ====  ==========================================================================================

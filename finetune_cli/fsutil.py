@@ -55,22 +55,32 @@ def _free_space(path: Path) -> str:
 
 
 def is_write_failure(e: BaseException) -> bool:
-    """An OSError, or the RuntimeError ``torch.save`` raises when its writer fails (a full disk)."""
+    """An OSError, the RuntimeError ``torch.save`` raises when its writer fails (a full disk), or
+    the I/O error safetensors reports (``SafetensorError: ... I/O error: ... (os error 28)``)."""
     if isinstance(e, OSError):
         return True
     msg = str(e)
+    if type(e).__name__ == "SafetensorError":
+        return "I/O error" in msg or "IoError" in msg
     return isinstance(e, RuntimeError) and ("inline_container" in msg or "file write failed" in msg
                                              or "unexpected pos" in msg)
 
 
-def output_error(e: BaseException, path: str | Path, doing: str = "write") -> OutputError:
-    """One line for a failed write of ``path``: what, where, and the free space on its disk."""
-    target = str(getattr(e, "filename", None) or path)
+def _disk_full(e: BaseException) -> bool:
+    msg = str(e)
+    return (getattr(e, "errno", None) == errno.ENOSPC or "No space left" in msg or "os error 28" in msg
+            or "StorageFull" in msg or "unexpected pos" in msg or "file write failed" in msg)
+
+
+def output_error(e: BaseException, path: Optional[str | Path], doing: str = "write") -> OutputError:
+    """One line for a failed write of ``path``: what, where, and the free space on its disk (None:
+    a path the error does not name either, so no disk is named rather than a wrong one)."""
+    path = path or getattr(e, "filename", None)
+    target = str(getattr(e, "filename", None) or path or "a file")
     code = getattr(e, "errno", None)
-    if code == errno.ENOSPC or "unexpected pos" in str(e) or "file write failed" in str(e):
-        return OutputError(f"no space left on the disk holding {path} while writing {target} "
-                           f"({_free_space(Path(path))} free); free some space or choose another output, "
-                           f"then rerun")
+    if _disk_full(e):
+        where = f"the disk holding {path} while writing {target} ({_free_space(Path(path))} free)" if path else "a disk"
+        return OutputError(f"no space left on {where}; free some space or choose another output, then rerun")
     if code == errno.EROFS:
         return OutputError(f"cannot {doing} {target}: read-only file system")
     if code in (errno.EACCES, errno.EPERM):
@@ -136,25 +146,10 @@ def check_output_file(path: str | Path, what: str = "output") -> Path:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    path = Path(path)
-    ensure_dir(path.parent)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise output_error(e, path) from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        _public(Path(tmp), is_dir=False)
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise output_error(e, path) from None
-        raise
+    with atomic_file(path) as tmp, tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
@@ -225,12 +220,12 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
 
 
 def clean_stale_temps(directory: str | Path) -> None:
-    """Remove leftovers of interrupted atomic writes (hidden ``.*.tmp`` / ``.*.old-*`` entries)."""
+    """Remove leftovers of interrupted atomic writes (hidden ``.*.tmp[.ext]`` / ``.*.old-*`` entries)."""
     d = Path(directory)
     if not d.is_dir():
         return
     for p in d.iterdir():
-        if p.name.startswith(".") and (p.name.endswith(".tmp") or ".old-" in p.name):
+        if p.name.startswith(".") and (p.name.endswith(".tmp") or ".tmp." in p.name or ".old-" in p.name):
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
             else:

@@ -361,8 +361,13 @@ def apply_overrides(tree: dict[str, Any], overrides: Sequence[str]) -> dict[str,
                 node = node.get(k) if isinstance(node, dict) else None
                 if node is None:
                     break
-            if isinstance(node, dict):
-                node.pop(keys[-1], None)
+            if isinstance(node, dict) and keys[-1] in node:
+                node.pop(keys[-1])
+            elif ov[1:] not in (known := [*_dotted(Recipe), *_dotted(ProbeRecipe), *_dotted(tree)]):
+                # a key the recipe may hold but does not is already at its default; anything else is a typo
+                m = difflib.get_close_matches(ov[1:], known, n=1, cutoff=0.6)
+                raise RecipeError(f"override `{ov}`: there is no key `{ov[1:]}` to drop"
+                                  + (f"; did you mean `{m[0]}`?" if m else ""))
             continue
         if "=" not in ov:
             raise RecipeError(f"override `{ov}` must look like key=value or ~key")
@@ -385,6 +390,18 @@ def apply_overrides(tree: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             node = nxt
         node[keys[-1]] = value
     return tree
+
+
+def _dotted(section: Any, prefix: str = "") -> list[str]:
+    """Every dotted key of a recipe class or plain tree (an objective's own parameters are free-form)."""
+    if isinstance(section, dict):
+        return [k for key, v in section.items() for k in (f"{prefix}{key}", *_dotted(v, f"{prefix}{key}."))]
+    if not dataclasses.is_dataclass(section) or section is ObjectiveConfig:
+        return []
+    hints = typing.get_type_hints(section)
+    return [k for f in dataclasses.fields(section) if not f.metadata.get("internal")
+            for k in (f"{prefix}{f.name}", *_dotted(next((a for a in typing.get_args(hints[f.name]) or (hints[f.name],)
+                                                            if dataclasses.is_dataclass(a)), None), f"{prefix}{f.name}."))]
 
 
 def _one_line(err: Exception) -> str:

@@ -16,15 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune_cli.data.sources import (
-    CONVERT_HINT,
-    decode_file,
-    detect_format,
-    json_records,
-    read_file,
-    read_parquet_rows,
-    resolve_path,
-)
+from finetune_cli.data.sources import CONVERT_HINT, TableFile, open_table
 from finetune_cli.errors import DataError
 from finetune_cli.fsutil import atomic_file, atomic_write_text
 
@@ -47,39 +39,6 @@ class InputData:
         return len(self.columns[self.names[0]])
 
 
-def _first_row(path: Path, fmt: str, src: str) -> Optional[list[str]]:
-    for line in io.StringIO(decode_file(path, src, hint=CONVERT_HINT), newline=""):
-        if not line.strip("\r\n"):
-            continue
-        if fmt == "csv":
-            return next(csv.reader([line]))
-        return line.rstrip("\r\n").split("\t")
-    return None
-
-
-def _record_keys(path: Path, fmt: str, src: str) -> list[str]:
-    if fmt == "parquet":
-        rows = read_parquet_rows(path, src)
-        if not rows:
-            raise DataError(f"data file {src} is empty")
-        return [str(k) for k in rows[0]]
-    text = decode_file(path, src, hint=CONVERT_HINT)
-    try:
-        if fmt == "jsonl":
-            first = next((ln for ln in text.split("\n") if ln.strip()), None)
-            rec = json.loads(first) if first is not None else None
-        else:
-            recs = json_records(json.loads(text), src)
-            rec = recs[0] if recs else None
-    except json.JSONDecodeError as e:
-        raise DataError(f"malformed JSON in {src}: {e.msg} at line {e.lineno}") from None
-    if rec is None:
-        raise DataError(f"data file {src} is empty")
-    if not isinstance(rec, dict):
-        raise DataError(f"record 1 of {src} is not an object")
-    return [str(k) for k in rec]
-
-
 def _pick_columns(names: list[str], src: str) -> tuple[str, ...]:
     for pair in KNOWN_PAIRS:
         if all(c in names for c in pair):
@@ -91,77 +50,35 @@ def _pick_columns(names: list[str], src: str) -> tuple[str, ...]:
                     f"{', '.join(names[:12])}); pass --column NAME (twice for pairs)")
 
 
-def _read_delimited(path: Path, fmt: str, src: str, wanted: tuple[str, ...], header: str):
-    """A TSV/CSV input: ``(column names, text columns, has_header, table)``."""
-    first = _first_row(path, fmt, src)
-    if first is None:
-        raise DataError(f"data file {src} is empty")
-    if header == "yes":
-        has_header = True
-    elif header == "no":
-        has_header = False
-    else:  # auto: a header when it holds the named columns (or a usual text column when none is named)
-        named = [c for c in wanted if not c.isdigit()]
-        has_header = all(c in first for c in named) if named else (
-            not wanted and any(c in first for c in KNOWN_SINGLE + tuple(x for p in KNOWN_PAIRS for x in p)))
-    if has_header:
-        if len(set(first)) != len(first):
-            dup = next(c for c in first if first.count(c) > 1)
-            raise DataError(f"column `{dup}` appears twice in the header of {src}")
-        names = first
-        colmap: dict[str, Any] = {n: n for n in names}
-    else:
-        names = [str(i) for i in range(len(first))]
-        colmap = {n: int(n) for n in names}
-    if not wanted:
-        if not has_header:
-            raise DataError(f"no --column given and none of the usual text columns in {src} (first row: "
-                            f"{', '.join(first[:12])}); pass --column NAME, or a 0-based index for a file "
-                            f"without header")
-        wanted = _pick_columns(names, src)
-    for c in wanted:
-        if c not in names:
-            raise DataError(f"missing column `{c}` in {src} (header: {', '.join(first[:12]) if has_header else 'none'})")
-    table = read_file(src, colmap, fmt, "yes" if has_header else "no", hint=CONVERT_HINT)
-    return names, wanted, has_header, table
+def _open(src: str, fmt: str, wanted: tuple[str, ...], header: str) -> TableFile:
+    """The input opened with the table reader; a CSV/TSV file has a header (``header=auto``) when it
+    holds the named columns, or a usual text column when none is named."""
+    usual = KNOWN_SINGLE + tuple(c for p in KNOWN_PAIRS for c in p)
+    tf = open_table(src, fmt, header if header != "auto" or wanted else "no", hint=CONVERT_HINT, expect=wanted)
+    if tf.fmt in ("csv", "tsv") and header == "auto" and not wanted:
+        first = [c[0] for c in next(tf.chunks(1, [str(i) for i in range(len(tf.names))])).columns.values()]
+        if any(c in first for c in usual):
+            return open_table(src, fmt, "yes", hint=CONVERT_HINT)
+        raise DataError(f"no --column given and none of the usual text columns in {src} (first row: "
+                        f"{', '.join(first[:12])}); pass --column NAME, or a 0-based index for a file without header")
+    return tf
 
 
 def read_input(src: str, fmt: str = "auto", columns: tuple[str, ...] = (), header: str = "auto") -> InputData:
-    """Read every column of the input with the project's readers; check the text columns (``columns``,
-    or the usual text columns when none are named)."""
-    path = resolve_path(src)
-    if not path.is_file():
-        raise DataError(f"data file not found: {src}")
-    fmt = detect_format(path, fmt)
+    """Read every column of the input with the table reader; the text columns (``columns``, or the
+    usual text columns when none are named) must hold a text in every row."""
     wanted = tuple(columns)
-    if fmt in ("tsv", "csv"):
-        names, wanted, has_header, table = _read_delimited(path, fmt, src, wanted, header)
-    elif fmt == "txt":
-        has_header = False
-        names = ["text"]
-        if wanted and wanted != ("text",):
-            raise DataError(f"{src} is plain text (one sentence a line): its only column is `text`")
-        wanted = ("text",)
-        table = read_file(src, {"text": "text"}, fmt, hint=CONVERT_HINT)
-    else:
-        has_header = True
-        names = _record_keys(path, fmt, src)
-        if not wanted:
-            wanted = _pick_columns(names, src)
-        for c in wanted:
-            if c not in names:
-                raise DataError(f"missing column `{c}` in record 1 of {src} (keys: {', '.join(names[:12])})")
-        table = read_file(src, {n: n for n in names}, fmt, hint=CONVERT_HINT)
-    if len(set(wanted)) != len(wanted):
+    tf = _open(src, fmt, wanted, header)
+    if tf.fmt == "txt" and wanted and wanted != ("text",):
+        raise DataError(f"{src} is plain text (one sentence a line): its only column is `text`")
+    keys = tuple(tf.key(c) for c in wanted) if wanted else _pick_columns(tf.names, src)
+    if len(set(keys)) != len(keys):
         raise DataError(f"--column names the same column twice: {', '.join(wanted)}")
-    if len(table) == 0:
+    names, rows = tf.survey(None, keys, shown=wanted or keys)
+    if rows == 0:
         raise DataError(f"data file {src} has no rows")
-    for c in wanted:
-        bad = next((i for i, v in enumerate(table.columns[c]) if not isinstance(v, str)), None)
-        if bad is not None:
-            raise DataError(f"column `{c}` of {src} must hold text; row {table.row_ids[bad]} holds "
-                            f"{type(table.columns[c][bad]).__name__}")
-    return InputData(names, table.columns, wanted, has_header, fmt)
+    table = tf.read({n: n for n in names}, optional=set(names) - set(keys))
+    return InputData(names, table.columns, keys, tf.has_header, tf.fmt)
 
 
 def file_digest(path: Path) -> str:

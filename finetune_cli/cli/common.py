@@ -76,7 +76,7 @@ def one_line(text: str, limit: int = 0) -> str:
 
 def handle_errors(fn: Callable) -> Callable:
     """The one error path of every command: a :class:`FinetuneError` becomes one stderr line and
-    its exit code; a failed write (full disk, read-only folder) one line and exit 4; anything else
+    its exit code; a failed write (full disk, read-only folder) one line and exit 5; anything else
     is a bug: one line saying so, exit 1, and the traceback with ``--debug`` / ``FINETUNE_DEBUG=1``."""
 
     @functools.wraps(fn)
@@ -98,7 +98,7 @@ def handle_errors(fn: Callable) -> Callable:
             if debug_enabled():
                 traceback.print_exc(file=sys.stderr)
             if is_write_failure(e):
-                err = output_error(e, getattr(e, "filename", None) or "a file", "access")
+                err = output_error(e, None, "access")
                 ui.error(one_line(str(err)))
                 raise typer.Exit(err.exit_code) from None
             where = ""

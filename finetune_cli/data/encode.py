@@ -57,9 +57,18 @@ def _cache_key(tokenizer, max_length: int, texts: list[list[str]], joint: bool) 
     return h.hexdigest()[:32]
 
 
-def _tokenize(tokenizer, a: list[str], b: Optional[list[str]], max_length: int) -> dict[str, list[list[int]]]:
-    enc = tokenizer(a, b, truncation=True, max_length=max_length, padding=False)
-    return {k: list(enc[k]) for k in ("input_ids", "token_type_ids") if k in enc}
+def _tokenize(tokenizer, a: list[str], b: Optional[list[str]], max_length: int,
+              step: int = 512) -> dict[str, list[list[int]]]:
+    """Token ids (and type ids) of every row, tokenised ``step`` rows at a time: a fast tokenizer's
+    per-token objects for a whole table would cost far more memory than the ids kept."""
+    out: dict[str, list[list[int]]] = {"input_ids": []}
+    for i in range(0, len(a), step):
+        enc = tokenizer(a[i:i + step], b[i:i + step] if b is not None else None, truncation=True,
+                        max_length=max_length, padding=False, return_attention_mask=False)
+        for k in ("input_ids", "token_type_ids"):
+            if k in enc:
+                out.setdefault(k, []).extend(enc[k])
+    return out
 
 
 def _save_views(path: Path, views: list[dict[str, list[list[int]]]]) -> None:

@@ -26,7 +26,7 @@ def nli_triplets(t: Table) -> Table:
     groups: dict[str, tuple[list[str], list[str], int]] = {}
     for i, (p, h, lab) in enumerate(zip(t.columns["text"], t.columns["text_pair"], t.columns["label"], strict=True)):
         key = str(p).strip()
-        g = groups.setdefault(key, ([], [], t.row_ids[i] if t.row_ids else i + 1))
+        g = groups.setdefault(key, ([], [], t.row(i)))
         lab = str(lab).strip().lower()
         if lab in ENTAIL:
             g[0].append(str(h).strip())

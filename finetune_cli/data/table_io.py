@@ -1,25 +1,29 @@
-"""Whole tables in and out (every column), by file extension: CSV, TSV, JSONL, Parquet.
+"""Writing tables in chunks: CSV, TSV, JSONL or Parquet by the output's extension.
 
-``finetune predict`` reads an input file with all its columns and writes them back with the
-predictions appended. TSV is read without quote processing (as GLUE's files are, see
-``sources.py``); CSV with the csv module's quoting.
+``finetune predict`` writes every input column back with its predictions appended, one chunk of
+rows at a time (the reader is ``sources.open_table``). The rows go to a temporary sibling of the
+output that is renamed over it at the end (``fsutil.atomic_file``): a failed or interrupted run
+leaves nothing under the output's name. In CSV/TSV a list value is joined with ``,``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from finetune_cli.data.sources import detect_format, resolve_path
+from finetune_cli.data.sources import Table, detect_format, resolve_path
 from finetune_cli.errors import DataError
+from finetune_cli.fsutil import atomic_file, check_output_file
 
 FORMATS = ("csv", "tsv", "jsonl", "parquet")
 
 
 def table_format(path: str | Path) -> str:
-    fmt = detect_format(Path(path), "auto")
+    fmt = detect_format(Path(path), "auto") if Path(path).suffix else ""
     if fmt == "json":
         fmt = "jsonl"
     if fmt not in FORMATS:
@@ -27,77 +31,124 @@ def table_format(path: str | Path) -> str:
     return fmt
 
 
-def read_columns(path_str: str) -> dict[str, list[Any]]:
-    """Every column of a file with a header (CSV/TSV) or of its records (JSONL/Parquet), in order."""
-    path = resolve_path(path_str)
-    if not path.is_file():
-        raise DataError(f"input file not found: {path_str}")
-    fmt = table_format(path)
-    if fmt in ("csv", "tsv"):
-        with path.open(encoding="utf-8", newline="") as f:
-            if fmt == "csv":
-                rows = list(csv.reader(f))
-            else:
-                rows = [ln.rstrip("\r\n").split("\t") for ln in f if ln.strip("\r\n")]
-        if len(rows) < 2:
-            raise DataError(f"{path_str} has no rows under its header")
-        head = rows[0]
-        cols: dict[str, list[Any]] = {h: [] for h in head}
-        for n, row in enumerate(rows[1:], 2):
-            if len(row) != len(head):
-                raise DataError(f"row {n} of {path_str} has {len(row)} fields, its header {len(head)}")
-            for h, v in zip(head, row, strict=True):
-                cols[h].append(v)
-        return cols
-    if fmt == "jsonl":
+def check_table_output(output: str, input_path: Optional[str] = None, what: str = "--output") -> str:
+    """Everything about an output file that can be known before any work: its format, that it can
+    be written (not a folder, not under a file, its folder writable; pyarrow for Parquet) and that
+    it is not the input. Returns the format."""
+    fmt = table_format(output)
+    check_output_file(output, what)
+    if fmt == "parquet":
         try:
-            records = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-        except json.JSONDecodeError as e:
-            raise DataError(f"malformed JSON in {path_str}: {e.msg} at line {e.lineno}") from None
-    else:
-        import pyarrow.parquet as pq
-
-        records = pq.read_table(path).to_pylist()
-    if not records:
-        raise DataError(f"{path_str} has no rows")
-    keys: dict[str, None] = {}
-    for r in records:
-        if not isinstance(r, dict):
-            raise DataError(f"{path_str}: every JSONL line must be an object")
-        keys.update(dict.fromkeys(r))
-    return {k: [r.get(k) for r in records] for k in keys}
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise DataError(f"writing {output} needs pyarrow (pip install 'finetune-cli[parquet]')") from None
+    if input_path is not None and Path(output).resolve() == resolve_path(input_path).resolve():
+        raise DataError(f"{what} {output} is the input file; write to another file")
+    return fmt
 
 
-def write_columns(path_str: str, cols: dict[str, list[Any]]) -> None:
-    """Write columns (lists of equal length) to ``path_str`` in the format its extension names.
-    In CSV/TSV a list value is joined with ``,``."""
-    path = Path(path_str)
-    fmt = table_format(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    names = list(cols)
-    n = len(next(iter(cols.values()))) if cols else 0
-    if fmt in ("csv", "tsv"):
-        def cell(v: Any) -> str:
-            if isinstance(v, (list, tuple)):
-                return ",".join(map(str, v))
-            return "" if v is None else str(v)
+def _kind(v: Any) -> Optional[str]:
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, (int, float)):
+        return "number"
+    return {str: "text", list: "list", tuple: "list", dict: "object"}.get(type(v), type(v).__name__)
 
-        with path.open("w", encoding="utf-8", newline="") as f:
-            if fmt == "csv":
-                w = csv.writer(f)
-                w.writerow(names)
-                for i in range(n):
-                    w.writerow([cell(cols[k][i]) for k in names])
-            else:
-                f.write("\t".join(names) + "\n")
-                for i in range(n):
-                    f.write("\t".join(cell(cols[k][i]).replace("\t", " ").replace("\n", " ") for k in names) + "\n")
-    elif fmt == "jsonl":
-        with path.open("w", encoding="utf-8") as f:
-            for i in range(n):
-                f.write(json.dumps({k: cols[k][i] for k in names}, ensure_ascii=False) + "\n")
-    else:
+
+class ColumnTypes:
+    """The type of each column over every chunk (:meth:`add`), for a Parquet output, which holds
+    one type per column: a column of numbers and texts is refused before any work is done,
+    naming the column and a row of each."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, dict[str, int]] = {}  # column -> kind -> first row with it
+        self.floats: set[str] = set()
+
+    def add(self, chunk: Table) -> None:
+        for name, values in chunk.columns.items():
+            kinds = self.seen.setdefault(name, {})
+            for i, v in enumerate(values):
+                k = _kind(v)
+                if k is not None and k not in kinds:
+                    kinds[k] = chunk.row(i)
+                    if len(kinds) > 1:
+                        (a, ra), (b, rb) = list(kinds.items())[:2]
+                        raise DataError(f"column `{name}` of {chunk.source} holds {a} (row {ra}) and {b} (row {rb}); "
+                                        f"a Parquet column holds one type: write .jsonl or .csv, or make them one")
+                if k == "number" and isinstance(v, float):
+                    self.floats.add(name)
+
+    def arrow_types(self) -> dict[str, Any]:
+        """The Parquet type of every scalar column (None-only columns are left to the first chunk)."""
+        import pyarrow as pa
+
+        simple = {"bool": pa.bool_(), "text": pa.string()}
+        out = {}
+        for name, kinds in self.seen.items():
+            if "number" in kinds:
+                out[name] = pa.float64() if name in self.floats else pa.int64()
+            elif len(kinds) == 1 and next(iter(kinds)) in simple:
+                out[name] = simple[next(iter(kinds))]
+        return out
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return ",".join(map(str, v))
+    return "" if v is None else str(v)
+
+
+@contextlib.contextmanager
+def _sink(fmt: str, tmp: Path, names: Sequence[str], types: Mapping[str, Any]) -> Iterator[Callable[[dict], None]]:
+    """``write(columns)`` appending rows to ``tmp``; the file is closed (flushed) on the way out."""
+    if fmt == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({k: cols[k] for k in names}), path)
+        writer: list[Any] = []
+
+        def write_parquet(cols: dict) -> None:
+            try:
+                if not writer:  # columns of no known type take the first chunk's
+                    inferred = pa.table({k: cols[k] for k in names if k not in types})
+                    writer.append(pq.ParquetWriter(tmp, pa.schema(
+                        [(k, types[k] if k in types else inferred.schema.field(k).type) for k in names])))
+                writer[0].write_table(pa.Table.from_pydict({k: cols[k] for k in names}, schema=writer[0].schema))
+            except (pa.ArrowException, TypeError, ValueError) as e:
+                raise DataError(f"cannot write these rows as Parquet ({' '.join(str(e).split())[:160]}); "
+                                f"write .jsonl or .csv") from None
+        try:
+            yield write_parquet
+        finally:
+            if writer:
+                writer[0].close()
+        return
+    def rows(cols: dict) -> Iterator[tuple]:
+        return zip(*[cols[k] for k in names], strict=True)
+
+    with tmp.open("w", encoding="utf-8", newline="") as f:
+        if fmt == "csv":
+            w = csv.writer(f)
+            w.writerow(names)
+            yield lambda cols: w.writerows([_cell(v) for v in row] for row in rows(cols))
+        elif fmt == "tsv":
+            f.write("\t".join(names) + "\n")
+            yield lambda cols: f.writelines("\t".join(_cell(v).replace("\t", " ").replace("\n", " ") for v in row)
+                                            + "\n" for row in rows(cols))
+        else:
+            yield lambda cols: f.writelines(json.dumps(dict(zip(names, row, strict=True)), ensure_ascii=False) + "\n"
+                                            for row in rows(cols))
+
+
+@contextlib.contextmanager
+def table_writer(path: str | Path, names: Sequence[str], types: Optional[Mapping[str, Any]] = None
+                 ) -> Iterator[Callable[[dict[str, list[Any]]], None]]:
+    """Yield ``write(columns)``, called once per chunk (lists of equal length, keyed by ``names``).
+    The rows go to a temporary sibling renamed over ``path`` when the block ends; if it raises (or
+    is interrupted) the temporary file is removed and nothing is left under ``path``. ``types``:
+    the Parquet type of columns whose first chunk may not show it (e.g. a list that is empty)."""
+    fmt = table_format(path)
+    with atomic_file(path) as tmp, _sink(fmt, tmp, list(names), dict(types or {})) as write:
+        yield write

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import numpy as np
 
 from finetune_cli.data import glue
-from finetune_cli.data.sources import DATA_DIR_ENV, Table, is_missing, read_file, read_hub
+from finetune_cli.data.sources import DATA_DIR_ENV, Table, invalid_text, is_missing, read_file, read_hub
 from finetune_cli.errors import DataError
 from finetune_cli.recipe import DataConfig
 
@@ -56,13 +56,15 @@ def data_dir_from_env(explicit: Optional[str]) -> Optional[Path]:
     return p
 
 
-def _colmap(cfg: DataConfig, required: tuple[str, ...]) -> dict[str, Any]:
-    cm = {k: getattr(cfg.columns, k) for k in cfg.columns.__dataclass_fields__}
+def _colmap(cfg: DataConfig, which: str, required: tuple[str, ...]) -> dict[str, Any]:
+    """The column map of the train or eval file: ``data.eval_columns`` for the eval file when set."""
+    columns = cfg.eval_columns if which == "eval" and cfg.eval_columns is not None else cfg.columns
+    cm = {k: getattr(columns, k) for k in columns.__dataclass_fields__}
     return {k: v for k, v in cm.items() if v is not None and (k in required or k == "text_pair")}
 
 
 def _read(cfg: DataConfig, which: str, data_dir: Optional[Path], required: tuple[str, ...]) -> Optional[Table]:
-    colmap = _colmap(cfg, required)
+    colmap = _colmap(cfg, which, required)
     if cfg.dataset:
         name, config = glue.parse_dataset(cfg.dataset)
         task = glue.glue_task(name, config)
@@ -92,29 +94,18 @@ def _is_int(s: str) -> bool:
         return False
 
 
-def _row(t: Table, i: int) -> int:
-    return t.row_ids[i] if t.row_ids else i + 1
-
-
 def _check_labels_present(t: Table) -> None:
     for i, v in enumerate(t.columns["label"]):
         if is_missing(v, ("nan",)):
-            raise DataError(f"row {_row(t, i)} of {t.source} has no label ({v!r}; unlabeled data cannot train this "
+            raise DataError(f"row {t.row(i)} of {t.source} has no label ({v!r}; unlabeled data cannot train this "
                             f"objective; data.drop_invalid=true drops such rows)")
 
 
 def invalid_row(t: Table, i: int, text_columns: tuple[str, ...], label: bool) -> Optional[str]:
     """Why row ``i`` cannot be used (a missing label, a missing/empty/non-text text), or None."""
     for c in text_columns:
-        if c not in t.columns:
-            continue
-        v = t.columns[c][i]
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return f"has no text in column `{c}` (null)"
-        if not isinstance(v, str):
-            return f"has {type(v).__name__} {v!r} in text column `{c}`, not a string"
-        if not v.strip():
-            return f"has an empty text in column `{c}`"
+        if c in t.columns and (why := invalid_text(t.columns[c][i], c)) is not None:
+            return why
     if label and "label" in t.columns and is_missing(t.columns["label"][i], ("nan",)):
         return f"has no label ({t.columns['label'][i]!r})"
     return None
@@ -128,13 +119,13 @@ def check_rows(t: Table, text_columns: tuple[str, ...], label: bool, drop: bool,
     if not drop:
         i, why = bad[0]
         more = f" ({len(bad) - 1} more such rows)" if len(bad) > 1 else ""
-        raise DataError(f"row {_row(t, i)} of {t.source} {why}{more}; fix the data or set data.drop_invalid=true "
+        raise DataError(f"row {t.row(i)} of {t.source} {why}{more}; fix the data or set data.drop_invalid=true "
                         f"to drop such rows")
     keep = sorted(set(range(len(t))) - {i for i, _ in bad})
     if not keep:
-        raise DataError(f"every row of {t.source} is invalid (e.g. row {_row(t, bad[0][0])} {bad[0][1]})")
+        raise DataError(f"every row of {t.source} is invalid (e.g. row {t.row(bad[0][0])} {bad[0][1]})")
     notes.append(f"dropped {len(bad)} of {len(t)} rows of {t.source} (data.drop_invalid): first, row "
-                 f"{_row(t, bad[0][0])} {bad[0][1]}")
+                 f"{t.row(bad[0][0])} {bad[0][1]}")
     return t.select(keep)
 
 
@@ -161,7 +152,7 @@ def _refuse_multi_labels(t: Table, raw: list[Any]) -> None:
     for i, v in enumerate(raw):
         several = isinstance(v, (list, tuple)) or any(s in str(v) for s in MULTI_SEPARATORS)
         if several:
-            row = t.row_ids[i] if t.row_ids else i + 1
+            row = t.row(i)
             shown = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v).strip()
             raise DataError(f"label `{shown}` in row {row} of {t.source} looks like several labels; for multi-label "
                             f"classification set model.problem_type=multi_label_classification (and "
@@ -193,7 +184,7 @@ def _map_class_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConf
         ids = []
         for i, v in enumerate(t.columns["label"]):
             if v not in index:
-                row = t.row_ids[i] if t.row_ids else i + 1
+                row = t.row(i)
                 seen = "never seen in training" if what == "evaluation" else "not in data.label_names"
                 raise DataError(f"label `{v}` in row {row} of {t.source} was {seen} (known: {', '.join(names)})")
             ids.append(index[v])
@@ -217,6 +208,10 @@ def _map_multi_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConf
     sets: dict[int, list[list[str]]] = {}
     for t in (train, ev):
         if t is not None:
+            for i, v in enumerate(t.columns["label"]):
+                if isinstance(v, (list, tuple)) and any(x is None or isinstance(x, (list, tuple, dict)) for x in v):
+                    raise DataError(f"row {t.row(i)} of {t.source} has the label {v!r}: a multi-label row is a flat "
+                                    f"list of labels (no nested lists, objects or nulls)")
             sets[id(t)] = [_label_set(v, cfg.label_separator) for v in t.columns["label"]]
     if cfg.label_names:
         names = list(cfg.label_names)
@@ -234,7 +229,7 @@ def _map_multi_labels(train: Optional[Table], ev: Optional[Table], cfg: DataConf
             v = [0.0] * len(names)
             for x in s:
                 if x not in index:
-                    row = t.row_ids[i] if t.row_ids else i + 1
+                    row = t.row(i)
                     raise DataError(f"label `{x}` in row {row} of {t.source} was never seen in training "
                                     f"(known: {', '.join(names)})")
                 v[index[x]] = 1.0
@@ -262,7 +257,7 @@ def _refuse_scores_as_classes(t: Table) -> None:
     if all(_is_number(v) for v in labels):
         for i, v in enumerate(labels):
             if _is_score(v):
-                row = t.row_ids[i] if t.row_ids else i + 1
+                row = t.row(i)
                 raise DataError(f"label `{v}` in row {row} of {t.source} is a regression score, but this objective "
                                 f"needs class labels (use a regression objective, or set data.label_names if "
                                 f"these numbers are class names)")
@@ -277,10 +272,10 @@ def _map_float_labels(t: Optional[Table]) -> None:
         try:
             f = float(v)
         except (TypeError, ValueError):
-            raise DataError(f"label `{v}` in row {_row(t, i)} of {t.source} is not a number (this objective needs "
+            raise DataError(f"label `{v}` in row {t.row(i)} of {t.source} is not a number (this objective needs "
                             f"a regression score)") from None
         if not math.isfinite(f):
-            raise DataError(f"label `{v}` in row {_row(t, i)} of {t.source} is not a finite number (a gold score "
+            raise DataError(f"label `{v}` in row {t.row(i)} of {t.source} is not a finite number (a gold score "
                             f"must be finite)")
         out.append(f)
     t.columns["label"] = out

@@ -11,7 +11,7 @@ computed from them, are bit-identical to one process's.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -147,6 +147,29 @@ class InferenceSession:
         """:func:`forward_all` on the session's device, pad id and precision."""
         return forward_all(self.model, data, batch_size, self.pad_id, self.device, view=view, want=want,
                            progress=progress, autocast_dtype=autocast_dtype(self.precision))
+
+    def stream(self, chunks: Iterable[Table], columns: Sequence[str], batch_size: int, *, joint: bool,
+               want: tuple[str, ...] = ("logits",), progress=None) -> Iterator[tuple[Table, dict[str, np.ndarray]]]:
+        """Each chunk of rows with its outputs, in turn: tokenised, run in length-sorted batches and
+        handed back before the next is read, so memory holds one chunk (``predict``, ``embed``)."""
+        done = 0
+        for chunk in chunks:
+            texts = Table({f"text{i}": chunk.columns[c] for i, c in enumerate(columns)}, chunk.source)
+            enc = self.encode(texts, tuple(texts.columns), joint=joint, use_cache=False)
+            step = None if progress is None else _Offset(progress, done)
+            yield chunk, self.forward(enc, batch_size, want=want, progress=step)
+            done += len(chunk)
+
+
+@dataclass
+class _Offset:
+    """A progress handle that counts on from the rows of the chunks before this one."""
+
+    progress: Any
+    base: int
+
+    def update(self, completed: int, *args: Any, **kwargs: Any) -> None:
+        self.progress.update(self.base + completed, *args, **kwargs)
 
 
 def open_session(model_name: str, *, device: str = "auto", precision: str = "auto", max_length: Optional[int] = None,

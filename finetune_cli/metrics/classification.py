@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 
 def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
     """Accuracy, macro-F1 and Matthews correlation."""
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef  # on use: it costs ~100 MB
+
     y_true = np.asarray(y_true)
     y_pred = np.asarray(y_pred)
     return {

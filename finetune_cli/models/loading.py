@@ -142,10 +142,31 @@ def _quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
+# Sizes a config.json gives as positive integers (BERT-, DistilBERT- and T5-style names).
+POSITIVE_INT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+                     "max_position_embeddings", "type_vocab_size", "num_labels", "dim", "hidden_dim", "n_layers",
+                     "n_heads", "d_model", "d_ff", "num_layers", "num_heads")
+
+
 def read_config_dict(path: str) -> dict:
-    """``config.json`` of a local folder as a dict ({} when there is none)."""
+    """``config.json`` of a local folder as a dict ({} when there is none); a size that is not a
+    positive integer or a dropout outside [0, 1] is one line naming the file and the key."""
+    from finetune_cli.models.st_folder import folder_json
+
     f = Path(path) / "config.json"
-    return json.loads(f.read_text()) if f.is_file() else {}
+    if not f.is_file():
+        return {}
+    d = folder_json(f)
+    for k, v in d.items():
+        if k in POSITIVE_INT_KEYS and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            bad = "a positive integer"
+        elif "dropout" in k and v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                                   or not 0 <= v <= 1):
+            bad = "a number in [0, 1]"
+        else:
+            continue
+        raise ModelError(f"cannot load the model in {path}: config.json: `{k}` is {v!r}, not {bad}")
+    return d
 
 
 def load_config(path: str, revision: Optional[str] = None):
@@ -153,7 +174,7 @@ def load_config(path: str, revision: Optional[str] = None):
     config (its ``model_type`` is hidden from transformers on purpose, see the module docstring)."""
     from transformers import AutoConfig
 
-    d = read_config_dict(path)
+    d = read_config_dict(path) if _is_local(path) else {}
     if d.get("model_type") == POOLED_MODEL_TYPE:
         d = {k: v for k, v in d.items() if k not in ("architectures", "transformers_version")}
         return AutoConfig.for_model(d.pop(BASE_TYPE_KEY), **{k: v for k, v in d.items() if k != "model_type"})
@@ -267,8 +288,8 @@ def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Option
     """
     path, is_local = resolve_model(name)
     rev = None if is_local else revision
+    config = load_config(path, rev)  # first: a damaged config.json is named as such, not as a tokenizer error
     tokenizer = load_tokenizer(path, rev)
-    config = load_config(path, rev)
     saved = read_head_spec(path) if is_local else None
     given = spec is not None
     if spec is None:
@@ -317,8 +338,8 @@ def build_text_model(name: str, make_spec, revision: Optional[str] = None, dropo
     initialised (the trainer seeds there). Returns ``(TextModel, tokenizer)``."""
     path, is_local = resolve_model(name)
     rev = None if is_local else revision
+    config = load_config(path, rev)  # first: a damaged config.json is named as such, not as a tokenizer error
     tokenizer = load_tokenizer(path, rev)
-    config = load_config(path, rev)
     enc_dropout = float(getattr(config, "hidden_dropout_prob", 0.1)) if dropout is None else dropout
     spec = make_spec(enc_dropout)
     native = spec.num_labels > 0 and spec.head == "native"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from finetune_cli.errors import ModelError
 
@@ -39,13 +39,39 @@ def _pooling_mode(cfg: dict) -> str:
     return str(mode)
 
 
+def folder_json(f: Path, want: type = dict) -> Any:
+    """A JSON file of a model folder, which must hold a ``want`` (dict or list); one error line
+    naming the folder and the file when it does not parse or holds something else."""
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelError(f"cannot load the model in {f.parent}: {f.name} cannot be read ({e})") from None
+    except json.JSONDecodeError as e:
+        raise ModelError(f"cannot load the model in {f.parent}: {f.name} is not valid JSON ({e.msg} at line "
+                         f"{e.lineno}, column {e.colno})") from None
+    if not isinstance(data, want):
+        kind = {dict: "an object", list: "a list"}[want]
+        raise ModelError(f"cannot load the model in {f.parent}: {f.name} must hold {kind}, not "
+                         f"{type(data).__name__} {str(data)[:40]}")
+    return data
+
+
+def _modules(root: Path) -> list[dict]:
+    modules = folder_json(root / "modules.json", list)
+    for i, m in enumerate(modules):
+        if not isinstance(m, dict) or not isinstance(m.get("type", ""), str) \
+                or not isinstance(m.get("path", ""), str) or not isinstance(m.get("idx", 0), int):
+            raise ModelError(f"cannot load the model in {root}: modules.json entry {i} must be an object with a "
+                             f"string `type` and `path` and an integer `idx`, not {str(m)[:60]}")
+    return sorted(modules, key=lambda m: m.get("idx", 0))
+
+
 def read_st_config(folder: str | Path) -> Optional[STConfig]:
     """The folder's embedding pipeline, or None when it has no ``modules.json``."""
     root = Path(folder)
-    f = root / "modules.json"
-    if not f.is_file():
+    if not (root / "modules.json").is_file():
         return None
-    modules = sorted(json.loads(f.read_text()), key=lambda m: m.get("idx", 0))
+    modules = _modules(root)
     kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
     if not kinds or kinds[0] != "Transformer" or "Pooling" not in kinds \
             or any(k not in ("Transformer", "Pooling", "Normalize") for k in kinds):
@@ -53,7 +79,7 @@ def read_st_config(folder: str | Path) -> Optional[STConfig]:
                          f"Transformer → Pooling [→ Normalize] only: use SentenceTransformer({str(root)!r}).encode")
     tpath = root / modules[0].get("path", "")
     pool_dir = root / modules[kinds.index("Pooling")].get("path", "")
-    pcfg = json.loads((pool_dir / "config.json").read_text()) if (pool_dir / "config.json").is_file() else {}
+    pcfg = folder_json(pool_dir / "config.json") if (pool_dir / "config.json").is_file() else {}
     mode = _pooling_mode(pcfg)
     if mode not in SUPPORTED_POOLING:
         raise ModelError(f"{root}: sentence-transformers pooling `{mode}` is not supported by finetune embed "
@@ -61,6 +87,9 @@ def read_st_config(folder: str | Path) -> Optional[STConfig]:
     max_len = None
     for cand in (tpath / "sentence_bert_config.json", root / "sentence_bert_config.json"):
         if cand.is_file():
-            max_len = json.loads(cand.read_text()).get("max_seq_length")
+            max_len = folder_json(cand).get("max_seq_length")
+            if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0):
+                raise ModelError(f"cannot load the model in {cand.parent}: {cand.name}: `max_seq_length` is "
+                                 f"{max_len!r}, not a positive integer")
             break
     return STConfig(str(tpath), mode, "Normalize" in kinds, int(max_len) if max_len else None)

@@ -51,8 +51,7 @@ def load_similarity_data(recipe: Recipe, data_dir: Optional[Path]):
     """The sentence-pair evaluation set (``text``, ``text_pair``, float gold ``label``) named by
     ``data.eval`` (or ``data.dataset``'s eval split), read with ``data.eval_columns``."""
     d = recipe.data
-    cfg = dataclasses.replace(d, train=None, columns=d.eval_columns or d.columns, few_shot=None,
-                              max_train_samples=None, nli_triplets=False)
+    cfg = dataclasses.replace(d, train=None, few_shot=None, max_train_samples=None, nli_triplets=False)
     if cfg.eval is None and cfg.dataset is None:
         return None
     return load_task_data(cfg, seed=recipe.train.seed, label_type="float",

@@ -1,16 +1,24 @@
-"""``finetune embed``: sentences -> embeddings (``.npy`` + row ids, or Parquet)."""
+"""``finetune embed``: sentences -> embeddings (``.npy`` + row ids, or Parquet).
+
+As ``predict``: the input is read once to check it whole before the model loads, then chunk by
+chunk through the model; the ``.npy`` files are written by appending each chunk's rows after a
+header that already holds the row count, so memory holds one chunk. Every file is written to a
+temporary name and renamed at the end: an interrupted or failed run leaves none.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
-from finetune_cli.data.sources import CONVERT_HINT, detect_format, read_file, resolve_path
-from finetune_cli.data.tasks import invalid_row
+from finetune_cli.data.sources import CHUNK_ROWS, CONVERT_HINT, Table, TableFile, open_table
 from finetune_cli.engine.inference import InferenceSession, open_session
 from finetune_cli.errors import DataError
 from finetune_cli.fsutil import atomic_file, check_output_file
@@ -33,23 +41,20 @@ class EmbedResult:
         return dataclasses.asdict(self)
 
 
-def read_sentences(path: str, column: Optional[str] = None, fmt: str = "auto") -> tuple[list[str], list[int]]:
-    """Sentences and their 1-based row ids: every non-empty line of a ``.txt`` file, or ``column``
-    (default ``text``) of a csv/tsv/jsonl/parquet file."""
-    kind = detect_format(resolve_path(path), fmt)
+def open_sentences(path: str, column: Optional[str] = None, fmt: str = "auto",
+                   chunk_rows: int = CHUNK_ROWS) -> tuple[TableFile, str, int]:
+    """The input, its sentence column and its row count, checked whole (every row has a text):
+    every non-empty line of a ``.txt`` file, or ``column`` (default ``text``; a 0-based index in a
+    file without header) of a csv/tsv/jsonl/json/parquet file."""
     col: Any = column if column is not None else "text"
     if isinstance(col, str) and col.isdigit():
         col = int(col)
-    t = read_file(path, {"text": col}, kind, hint=CONVERT_HINT)
-    for i in range(len(t)):
-        why = invalid_row(t, i, ("text",), label=False)
-        if why is not None:
-            row = t.row_ids[i] if t.row_ids else i + 1
-            raise DataError(f"row {row} of {path} {why}".replace("`text`", f"`{column or 'text'}`"))
-    texts = list(t.columns["text"])
-    if not texts:
+    tf = open_table(path, fmt, hint=CONVERT_HINT, expect=[col])
+    key = tf.key(col)
+    _, rows = tf.survey([key], [key], chunk_rows, shown=[column or "text"])
+    if rows == 0:
         raise DataError(f"no sentences in {path}")
-    return texts, list(t.row_ids) or list(range(1, len(texts) + 1))
+    return tf, key, rows
 
 
 def embed_texts(sess: InferenceSession, texts: list[str], *, batch_size: int = 64, normalize: bool = False,
@@ -60,40 +65,67 @@ def embed_texts(sess: InferenceSession, texts: list[str], *, batch_size: int = 6
     return l2_normalize(e).astype(np.float32) if normalize else e
 
 
+def _npy_header(f, shape: tuple[int, ...], dtype: Any) -> None:
+    """The header ``np.save`` writes, for rows appended after it."""
+    np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                             "fortran_order": False, "shape": shape})
+
+
+@contextlib.contextmanager
+def _sink(out: Path, ids_file: Optional[Path], rows: int) -> Iterator[Callable[[Table, str, np.ndarray], None]]:
+    """``write(chunk, text_key, embeddings)`` per chunk, into temporary files renamed at the end."""
+    if ids_file is not None:
+        with atomic_file(ids_file) as tids, atomic_file(out) as temb, tids.open("wb") as fi, temb.open("wb") as fe:
+            def write_npy(chunk: Table, key: str, emb: np.ndarray) -> None:
+                if fe.tell() == 0:
+                    _npy_header(fe, (rows, emb.shape[1]), np.float32)
+                    _npy_header(fi, (rows,), np.int64)
+                fe.write(np.ascontiguousarray(emb, dtype="<f4").tobytes())
+                fi.write(np.asarray(chunk.row_ids, dtype="<i8").tobytes())
+            yield write_npy
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with atomic_file(out) as tmp, contextlib.ExitStack() as stack:
+        writer: list[Any] = []
+
+        def write_parquet(chunk: Table, key: str, emb: np.ndarray) -> None:
+            cols = [pa.array(chunk.row_ids, pa.int64()), pa.array(chunk.columns[key], pa.string()),
+                    pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), emb.shape[1])]
+            if not writer:  # the first chunk gives the width
+                schema = pa.schema([("row_id", pa.int64()), ("text", pa.string()), ("embedding", cols[2].type)])
+                writer.append(stack.enter_context(pq.ParquetWriter(tmp, schema)))
+            writer[0].write_table(pa.Table.from_arrays(cols, schema=writer[0].schema))
+        yield write_parquet
+
+
 def run_embed(model_name: str, input_path: str, output: str, ui, *, column: Optional[str] = None,
               fmt: str = "auto", batch_size: int = 64, max_length: Optional[int] = None,
-              normalize: Optional[bool] = None, device: str = "auto", precision: str = "auto") -> EmbedResult:
+              normalize: Optional[bool] = None, device: str = "auto", precision: str = "auto",
+              chunk_rows: int = CHUNK_ROWS) -> EmbedResult:
     """``max_length``/``normalize`` None: what the folder says (a sentence-transformers folder's
     ``max_seq_length`` and ``Normalize`` module, else the trained length and no normalisation)."""
-    import time
-
     out = Path(output)
     if out.suffix not in (".npy", ".parquet"):
         raise DataError(f"output {output} must end in .npy or .parquet")
     check_output_file(out, "--output")
-    texts, ids = read_sentences(input_path, column, fmt)
+    tf, key, rows = open_sentences(input_path, column, fmt, chunk_rows)
     sess = open_session(model_name, device=device, precision=precision, max_length=max_length, embedding=True)
     if normalize is None:
         normalize = bool(sess.st is not None and sess.st.normalize)
-    t0 = time.perf_counter()
-    with ui.progress(len(texts), "embed", transient=True) as prog:
-        emb = embed_texts(sess, texts, batch_size=batch_size, normalize=normalize, progress=prog)
+    ids_file = out.with_suffix(".ids.npy") if out.suffix == ".npy" else None
+    t0, done, dim = time.perf_counter(), 0, 0
+    with ui.progress(rows, "embed", transient=True) as prog, _sink(out, ids_file, rows) as write:
+        for chunk, outs in sess.stream(tf.chunks(chunk_rows, [key]), [key], batch_size, joint=False,
+                                       want=("embeddings",), progress=prog):
+            emb = outs["embeddings"]
+            emb = l2_normalize(emb).astype(np.float32) if normalize else emb
+            write(chunk, key, emb)
+            done, dim = done + len(chunk), int(emb.shape[1])
+        if done != rows:  # the header promised `rows` rows
+            raise DataError(f"{input_path} changed while it was read ({rows} rows, then {done}); rerun")
     secs = time.perf_counter() - t0
-    ids_file = None
-    # Each file is written to a temp name and renamed: a failed write (full disk) leaves none.
-    if out.suffix == ".npy":
-        ids_file = str(out.with_suffix(".ids.npy"))
-        with atomic_file(ids_file) as tmp:
-            np.save(tmp, np.asarray(ids, dtype=np.int64))
-        with atomic_file(out) as tmp:
-            np.save(tmp, emb)
-    else:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        emb_col = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), emb.shape[1])
-        with atomic_file(out) as tmp:
-            pq.write_table(pa.table({"row_id": ids, "text": texts, "embedding": emb_col}), tmp)
-    ui.log(f"{len(texts)} sentences -> {out} ({emb.shape[1]} dims, {len(texts) / max(secs, 1e-9):.0f}/s)")
-    return EmbedResult(sess.path, input_path, str(out), ids_file, len(texts), int(emb.shape[1]), normalize,
+    ui.log(f"{rows} sentences -> {out} ({dim} dims, {rows / max(secs, 1e-9):.0f}/s)")
+    return EmbedResult(sess.path, input_path, str(out), str(ids_file) if ids_file else None, rows, dim, normalize,
                        round(secs, 3), sess.precision)

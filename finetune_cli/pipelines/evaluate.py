@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune_cli.data.tasks import data_dir_from_env
+from finetune_cli.data.tasks import data_dir_from_env, load_task_data
 from finetune_cli.engine.inference import open_session
 from finetune_cli.errors import DataError, ModelError
 from finetune_cli.fsutil import check_writable_dir
@@ -65,6 +65,11 @@ def run_eval(model_name: str, plan: Plan, ui, *, device: str = "auto", precision
     out_dir = eval_output_dir(model_name, out)
     if out_dir is not None:
         check_writable_dir(out_dir, "--out folder" if out is not None else "run directory")
+    ddir = data_dir_from_env(data_dir)
+    if recipe.data.eval is not None:  # a local file is read (and refused) before any model loads
+        load_task_data(dataclasses.replace(recipe.data, train=None, label_names=None), seed=recipe.train.seed,
+                       label_type=None, required_columns=plan.objective_cls.required_columns, data_dir=ddir,
+                       need_train=False, need_eval=True)
     sess = open_session(model_name, device=device, precision=precision, max_length=recipe.model.max_length,
                         length_key="model.max_length")
     model, path = sess.model, sess.path
@@ -82,7 +87,7 @@ def run_eval(model_name: str, plan: Plan, ui, *, device: str = "auto", precision
         recipe, data=dataclasses.replace(recipe.data, label_names=names),
         model=dataclasses.replace(recipe.model, problem_type=spec.problem_type),
         train=dataclasses.replace(recipe.train, metric=None)))
-    data = load_data(plan, data_dir_from_env(data_dir), need_train=False, need_eval=True)
+    data = load_data(plan, ddir, need_train=False, need_eval=True)
     assert data.eval is not None
     for note in data.notes:
         ui.warn(note)

@@ -1,6 +1,13 @@
 """``finetune predict``: a classifier (run directory, saved folder, any transformers
 ``*ForSequenceClassification`` folder or hub id) over a file; every input column is carried
-through and the predictions are appended (``metrics.tasks.prediction_columns``)."""
+through and the predictions are appended (``metrics.tasks.prediction_columns``).
+
+The file is read twice with the table reader, in chunks: once to check it whole (it parses, every
+row has a text, a Parquet output can hold its columns) before the model loads, then chunk by chunk
+through the model into the output. Memory holds one chunk whatever the file's length. The output
+is written to a temporary file renamed at the end: an interrupted run leaves no output, and a
+rerun starts again from the first row.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +17,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from finetune_cli.data.sources import Table
-from finetune_cli.data.table_io import read_columns, write_columns
+import numpy as np
+
+from finetune_cli.data.sources import CHUNK_ROWS, CONVERT_HINT, TableFile, open_table
+from finetune_cli.data.table_io import ColumnTypes, check_table_output, table_writer
 from finetune_cli.engine.inference import open_session
 from finetune_cli.errors import DataError, ModelError
 from finetune_cli.metrics.tasks import prediction_columns
@@ -34,13 +43,45 @@ class PredictResult:
         return dataclasses.asdict(self)
 
 
+@dataclass
+class _Input:
+    file: TableFile
+    texts: list[str]  # the text column (and the pair column)
+    names: list[str]  # every column, in order
+    rows: int
+    types: Optional[dict[str, Any]]  # a Parquet output's column types (None: another format)
+
+
+def _check_input(input_path: str, output: str, texts: list[str], chunk_rows: int) -> _Input:
+    """The output checked, then the whole input read once (nothing kept) before any model loads."""
+    fmt = check_table_output(output, input_path)
+    tf = open_table(input_path, header="yes", hint=CONVERT_HINT)
+    keys = [tf.key(c) for c in texts]
+    types = ColumnTypes() if fmt == "parquet" else None
+    names, rows = tf.survey(None, keys, chunk_rows, each=types.add if types else None, shown=texts)
+    if rows == 0:
+        raise DataError(f"{input_path} has no rows")
+    return _Input(tf, keys, names, rows, types.arrow_types() if types else None)
+
+
+def _output_columns(spec, labels: list[str], src: _Input, input_path: str) -> tuple[list[str], dict[str, Any]]:
+    """The columns predict appends (refused when the input has one) and every column's Parquet type."""
+    added = list(prediction_columns(np.zeros((1, max(spec.num_labels, 1))), spec.problem_type, labels))
+    clash = [c for c in added if c in src.names]
+    if clash:
+        raise DataError(f"{input_path} already has a column `{clash[0]}`, which predict writes; rename it")
+    if src.types is None:
+        return added, {}
+    import pyarrow as pa
+
+    return added, {**src.types, **{c: pa.string() if c == "pred_label" else pa.list_(pa.string())
+                                   if c == "pred_labels" else pa.float64() for c in added}}
+
+
 def run_predict(model_name: str, input_path: str, output: str, ui, *, column: str = "text",
                 pair_column: Optional[str] = None, batch_size: int = 64, max_length: Optional[int] = None,
-                device: str = "auto", precision: str = "auto") -> PredictResult:
-    cols = read_columns(input_path)
-    for c in (column, pair_column):
-        if c is not None and c not in cols:
-            raise DataError(f"{input_path} has no column `{c}` (columns: {', '.join(cols)}); pass --column")
+                device: str = "auto", precision: str = "auto", chunk_rows: int = CHUNK_ROWS) -> PredictResult:
+    src = _check_input(input_path, output, [c for c in (column, pair_column) if c is not None], chunk_rows)
     sess = open_session(model_name, device=device, precision=precision, max_length=max_length)
     model, path = sess.model, sess.path
     if not model.has_classifier:
@@ -48,21 +89,19 @@ def run_predict(model_name: str, input_path: str, output: str, ui, *, column: st
                          f"--input FILE --output OUT.npy` for its embeddings")
     spec = model.spec
     id2label = getattr(model.config, "id2label", None) or {}
-    names = [str(id2label[i]) for i in sorted(id2label)][: spec.num_labels]
-    texts = {"text": ["" if v is None else str(v) for v in cols[column]]}
-    if pair_column is not None:
-        texts["text_pair"] = ["" if v is None else str(v) for v in cols[pair_column]]
-    enc = sess.encode(Table(texts, input_path), tuple(texts), joint=True, use_cache=False)
+    labels = [str(id2label[i]) for i in sorted(id2label)][: spec.num_labels]
+    added, types = _output_columns(spec, labels, src, input_path)
+    counted: Counter = Counter()
+    optional = set(src.names) - set(src.texts)  # a record may lack any other key
     t0 = time.perf_counter()
-    with ui.progress(len(enc), "predict", transient=True) as prog:
-        logits = sess.forward(enc, batch_size, progress=prog)["logits"]
+    with ui.progress(src.rows, "predict", transient=True) as prog, \
+            table_writer(output, src.names + added, types) as write:
+        chunks = src.file.chunks(chunk_rows, src.names, optional)
+        for chunk, outs in sess.stream(chunks, src.texts, batch_size, joint=True, progress=prog):
+            preds = prediction_columns(outs["logits"], spec.problem_type, labels, spec.threshold)
+            write({**chunk.columns, **preds})
+            counted.update(preds.get("pred_label") or [x for s in preds.get("pred_labels", []) for x in s])
     secs = time.perf_counter() - t0
-    preds = prediction_columns(logits, spec.problem_type, names, spec.threshold)
-    clash = [c for c in preds if c in cols]
-    if clash:
-        raise DataError(f"{input_path} already has a column `{clash[0]}`, which predict writes; rename it")
-    write_columns(output, {**cols, **preds})
-    counted = preds.get("pred_label") or [x for s in preds.get("pred_labels", []) for x in s]
-    ui.log(f"{len(enc)} rows -> {output} ({len(enc) / max(secs, 1e-9):.0f}/s)")
-    return PredictResult(path, input_path, output, len(enc), spec.problem_type, names, dict(Counter(counted)),
-                         list(cols) + list(preds), round(secs, 3), sess.precision)
+    ui.log(f"{src.rows} rows -> {output} ({src.rows / max(secs, 1e-9):.0f}/s)")
+    return PredictResult(path, input_path, output, src.rows, spec.problem_type, labels, dict(counted),
+                         src.names + added, round(secs, 3), sess.precision)

@@ -68,6 +68,16 @@ DATA: dict[str, tuple[str, Union[str, bytes]]] = {
     "sentences_txt": ("sentences.txt", "a cat sat\nthe dog ran\nsun and moon\nred and blue\n"),
     "scalar_yaml": ("scalar.yaml", "just a string\n"),
     "good_tsv": ("good.tsv", "sentence\tlabel\ngood\tpositive\nbad\tnegative\n"),
+    "line3_jsonl": ("line3.jsonl", '{"sentence": "good"}\n{"sentence": "bad"}\n{"sentence": oops}\n'),
+    "list_text_jsonl": ("list_text.jsonl", '{"sentence": "good", "label": "positive"}\n'
+                                           '{"sentence": ["a", "b"], "label": "negative"}\n'),
+    "no_text_jsonl": ("no_text.jsonl", '{"sentence": "good"}\n{"id": 7}\n'),
+    "dup_header_tsv": ("dup_header.tsv", "sentence\tsentence\tlabel\ngood\tfine\tpositive\nbad\tawful\tnegative\n"),
+    "dup_key_jsonl": ("dup_key.jsonl", '{"sentence": "good", "label": "positive"}\n'
+                                       '{"sentence": "bad", "sentence": "worse", "label": "negative"}\n'),
+    "mixed_id_jsonl": ("mixed_id.jsonl", '{"sentence": "good", "id": 1}\n{"sentence": "bad", "id": "x"}\n'),
+    "nested_labels_jsonl": ("nested.jsonl", '{"sentence": "fun", "label": ["comedy"]}\n'
+                                            '{"sentence": "sad", "label": [["comedy"], 3]}\n'),
 }
 
 RUN_OVERRIDES = ["model.max_length=32", f"data.train={QUICKSTART / 'train.tsv'}",
@@ -105,6 +115,12 @@ class Ctx(dict):
             p = self.tmp / "adir.npy"
             p.mkdir()
             value = str(p)
+        elif key == "fifo":
+            p = self.tmp / "fifo.tsv"
+            os.mkfifo(p)
+            value = str(p)
+        elif key == "model_copy":  # a model folder the case may damage
+            value = str(shutil.copytree(self["model"], self.tmp / "model"))
         elif key == "ro":
             p = self.tmp / "ro"
             p.mkdir()
@@ -128,10 +144,11 @@ class Case:
     expect: list[str]  # substrings of the error line (templates)
     setup: Optional[Callable[[Ctx], Any]] = None
     left: list[str] = field(default_factory=list)  # paths that must not exist afterwards (templates)
+    patch: Optional[Callable[[pytest.MonkeyPatch], Any]] = None  # e.g. a writer that finds the disk full
 
 
-def C(id: str, argv: list[str], code: int, *expect: str, setup=None, left=()) -> Any:
-    return pytest.param(Case(id, argv, code, list(expect), setup, list(left)), id=id)
+def C(id: str, argv: list[str], code: int, *expect: str, setup=None, left=(), patch=None) -> Any:
+    return pytest.param(Case(id, argv, code, list(expect), setup, list(left), patch), id=id)
 
 
 TRAIN = ["train", "-r", "quickstart", "model.name={model}", *RUN_OVERRIDES, "output.dir={tmp}/runs",
@@ -143,6 +160,33 @@ AUG = ["augment", "--delete-words", "0.3", "-q"]
 REPORT = ["report", "{run}", "--no-plot"]
 PROBE = ["probe", "sequential", "-r", "probe_sequential", "model.name={model}", "output.dir={tmp}/runs", "-q"]
 SEED_HUGE = str(2**63)
+PRED = ["predict", "{run}", "-c", "sentence", "--device", "cpu", "-q"]
+NOT_MODEL = ["{tmp}/runs/t/best", "{tmp}/runs/t/checkpoint-1"]
+
+
+def _full_disk_at(target: str, name: str, exc: Callable[[], BaseException] = lambda: OSError(
+        errno.ENOSPC, "No space left on device")) -> Callable[[pytest.MonkeyPatch], None]:
+    """A writer that finds the disk full: ``target``'s attribute ``name`` raises."""
+    def patch(mp: pytest.MonkeyPatch) -> None:
+        import importlib
+
+        def full(*_a, **_k):
+            raise exc()
+        mp.setattr(importlib.import_module(target), name, full)
+    return patch
+
+
+def _safetensors_full() -> BaseException:
+    from safetensors import SafetensorError
+
+    return SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+def _set_config(key: str, value: Any) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        f = Path(ctx["model_copy"]) / "config.json"
+        f.write_text(json.dumps({**json.loads(f.read_text()), key: value}))
+    return setup
 
 
 def _write(rel: str, text: Union[str, bytes]) -> Callable[[Ctx], None]:
@@ -228,6 +272,20 @@ CASES = [
     C("train-no-recipe", ["train", "-q"], 2, "--recipe"),
     C("train-device-unknown", [*TRAIN, "--device", "tpu"], 2, "tpu"),
     C("train-seeds-garbage", [*TRAIN, "--seeds", "a-b"], 2, "--seeds"),
+    C("train-drop-unknown-key", [*TRAIN, "~train.max_step"], 2, "~train.max_step", "did you mean `train.max_steps`"),
+    C("train-header-twice", [*TRAIN, "data.train={dup_header_tsv}"], 2, "column `sentence` appears twice",
+      "dup_header.tsv", left=NOT_MODEL),
+    C("train-json-key-twice", [*TRAIN, "data.train={dup_key_jsonl}"], 2, "`sentence` appears twice", "row 2"),
+    C("train-text-list", [*TRAIN, "data.train={list_text_jsonl}"], 2, "row 2", "list", "list_text.jsonl"),
+    C("train-multi-label-nested", [*TRAIN, "data.train={nested_labels_jsonl}", "data.eval={nested_labels_jsonl}",
+                                   "model.problem_type=multi_label_classification", "~train.metric"], 2,
+      "row 2", "nested.jsonl", "flat list"),
+    C("train-data-is-dir", [*TRAIN, "data.train={tmp}"], 2, "is a directory"),
+    C("train-data-fifo", [*TRAIN, "data.train={fifo}"], 2, "fifo.tsv", "not a regular file"),
+    C("train-disk-full", TRAIN, 5, "no space left", "{tmp}/runs/t", left=NOT_MODEL,
+      patch=_full_disk_at("transformers.modeling_utils", "safe_save_file", _safetensors_full)),
+    C("train-model-hidden-size", [*TRAIN, "model.name={model_copy}"], 2, "config.json", "`hidden_size` is -5",
+      setup=_set_config("hidden_size", -5), left=NOT_MODEL),
     # ---- eval ---------------------------------------------------------------------------------
     C("eval-bins-zero", [*EVAL, "--bins", "0"], 2, "--bins"),
     C("eval-batch-size-zero", [*EVAL, "--batch-size", "0"], 2, "--batch-size"),
@@ -241,6 +299,8 @@ CASES = [
     C("eval-label-nan", [*EVAL, "data.eval={nan_label_tsv}"], 2, "row 3", "nan_label.tsv"),
     C("eval-text-null", [*EVAL, "data.eval={null_text_jsonl}"], 2, "row 2", "null_text.jsonl"),
     C("eval-max-length-over-model", [*EVAL, "model.max_length=4096"], 2, "model.max_length"),
+    C("eval-data-before-model", [*EVAL, "data.eval={dup_header_tsv}"], 2, "appears twice",
+      setup=_truncate("{run}/best/model.safetensors")),
     C("eval-best-safetensors-truncated", EVAL, 2, "model.safetensors",
       setup=_truncate("{run}/best/model.safetensors")),
     C("eval-best-config-garbage", EVAL, 2, "config.json", setup=_write("{run}/best/config.json", "{garbage")),
@@ -253,6 +313,37 @@ CASES = [
     # ---- predict ------------------------------------------------------------------------------
     C("predict-precision-fp16-cpu", [*PREDICT, "--precision", "fp16"], 2, "--precision fp16", "GPU",
       left=["{tmp}/p.csv"]),
+    C("predict-jsonl-line-3", [*PRED, "-i", "{line3_jsonl}", "-o", "{tmp}/p.csv"], 2, "line3.jsonl", "line 3",
+      left=["{tmp}/p.csv"]),
+    C("predict-latin1", [*PRED, "-i", "{latin1_tsv}", "-o", "{tmp}/p.csv"], 2, "latin1.tsv", "byte", "row 3"),
+    C("predict-text-null", [*PRED, "-i", "{null_text_jsonl}", "-o", "{tmp}/p.csv"], 2, "row 2", "null"),
+    C("predict-text-missing", [*PRED, "-i", "{no_text_jsonl}", "-o", "{tmp}/p.csv"], 2, "row 2", "no_text.jsonl"),
+    C("predict-text-list", [*PRED, "-i", "{list_text_jsonl}", "-o", "{tmp}/p.csv"], 2, "row 2", "list"),
+    C("predict-text-number", [*PRED, "-i", "{number_text_jsonl}", "-o", "{tmp}/p.csv"], 2, "row 2", "float"),
+    C("predict-data-before-model", [*PRED, "-i", "{null_text_jsonl}", "-o", "{tmp}/p.csv"], 2, "row 2",
+      setup=_truncate("{run}/best/model.safetensors")),
+    C("predict-parquet-corrupt", [*PRED, "-i", "{bad_parquet}", "-o", "{tmp}/p.csv"], 2, "bad.parquet"),
+    C("predict-json-scalar", [*PRED, "-i", "{scalar_json}", "-o", "{tmp}/p.csv"], 2, "scalar.json"),
+    C("predict-header-twice", [*PRED, "-i", "{dup_header_tsv}", "-o", "{tmp}/p.csv"], 2,
+      "column `sentence` appears twice", "dup_header.tsv", left=["{tmp}/p.csv"]),
+    C("predict-json-key-twice", [*PRED, "-i", "{dup_key_jsonl}", "-o", "{tmp}/p.csv"], 2, "`sentence` appears twice"),
+    C("predict-parquet-mixed-types", [*PRED, "-i", "{mixed_id_jsonl}", "-o", "{tmp}/p.parquet"], 2, "column `id`",
+      "row 2", "Parquet", left=["{tmp}/p.parquet"]),
+    C("predict-column-missing", [*PRED, "-i", "{good_tsv}", "-o", "{tmp}/p.csv", "-c", "text"], 2, "missing column `text`"),
+    C("predict-input-missing", [*PRED, "-i", "{tmp}/none.tsv", "-o", "{tmp}/p.csv"], 2, "not found", "none.tsv"),
+    C("predict-input-dir", [*PRED, "-i", "{tmp}", "-o", "{tmp}/p.csv"], 2, "is a directory"),
+    C("predict-input-fifo", [*PRED, "-i", "{fifo}", "-o", "{tmp}/p.csv"], 2, "fifo.tsv", "not a regular file"),
+    C("predict-out-is-input", [*PRED, "-i", "{good_tsv}", "-o", "{good_tsv}"], 2, "is the input file"),
+    C("predict-out-bad-suffix", [*PRED, "-i", "{good_tsv}", "-o", "{tmp}/p.xlsx"], 2, "p.xlsx"),
+    C("predict-out-under-file", [*PRED, "-i", "{good_tsv}", "-o", "{afile}/p.csv"], 5, "afile"),
+    C("predict-out-is-dir", [*PRED, "-i", "{good_tsv}", "-o", "{tmp}/d.csv"], 5, "d.csv", "folder",
+      setup=lambda c: (c.tmp / "d.csv").mkdir()),
+    C("predict-out-read-only", [*PRED, "-i", "{good_tsv}", "-o", "{ro}/p.csv"], 5, "read-only", left=["{ro}/p.csv"]),
+    C("predict-disk-full", [*PRED, "-i", "{good_tsv}", "-o", "{tmp}/p.csv"], 5, "no space left", "{tmp}/p.csv",
+      left=["{tmp}/p.csv"], patch=_full_disk_at("finetune_cli.data.table_io", "_cell")),
+    C("predict-model-hidden-size", ["predict", "{model_copy}", "-i", "{good_tsv}", "-c", "sentence", "-o",
+                                    "{tmp}/p.csv", "-q"], 2, "config.json", "`hidden_size` is -5",
+      setup=_set_config("hidden_size", -5), left=["{tmp}/p.csv"]),
     # ---- embed --------------------------------------------------------------------------------
     C("embed-latin1", [*EMBED, "{latin1_txt}", "-o", "{tmp}/e.npy"], 2, "latin1.txt", "byte", left=["{tmp}/e.npy"]),
     C("embed-out-under-file", [*EMBED, "{sentences_txt}", "-o", "{afile}/e.npy"], 5, "afile"),
@@ -270,6 +361,22 @@ CASES = [
       setup=_truncate("{run}/best/model.safetensors"), left=["{tmp}/e.npy"]),
     C("embed-bad-suffix", [*EMBED, "{sentences_txt}", "-o", "{tmp}/e.csv"], 2, "e.csv"),
     C("embed-input-missing", [*EMBED, "{tmp}/none.txt", "-o", "{tmp}/e.npy"], 2, "none.txt"),
+    C("embed-jsonl-line-3", [*EMBED, "{line3_jsonl}", "-c", "sentence", "-o", "{tmp}/e.npy"], 2, "line 3"),
+    C("embed-text-list", [*EMBED, "{list_text_jsonl}", "-c", "sentence", "-o", "{tmp}/e.npy"], 2, "row 2", "list"),
+    C("embed-header-twice", [*EMBED, "{dup_header_tsv}", "-c", "sentence", "-o", "{tmp}/e.npy"], 2,
+      "appears twice", left=["{tmp}/e.npy"]),
+    C("embed-data-before-model", [*EMBED, "{text_null_jsonl}", "-o", "{tmp}/e.npy"], 2, "row 2",
+      setup=_truncate("{run}/best/model.safetensors")),
+    C("embed-input-dir", [*EMBED, "{tmp}", "-o", "{tmp}/e.npy"], 2, "is a directory"),
+    C("embed-input-fifo", [*EMBED, "{fifo}", "-o", "{tmp}/e.npy"], 2, "not a regular file"),
+    C("embed-disk-full", [*EMBED, "{sentences_txt}", "-o", "{tmp}/e.npy"], 5, "no space left", "{tmp}",
+      left=["{tmp}/e.npy", "{tmp}/e.ids.npy"], patch=_full_disk_at("finetune_cli.pipelines.embed", "_npy_header")),
+    C("embed-modules-json-not-list", ["embed", "{model_copy}", "{sentences_txt}", "-o", "{tmp}/e.npy", "-q"], 2,
+      "modules.json", "must hold a list", setup=_write("{model_copy}/modules.json", '{"a": 1}')),
+    C("embed-modules-json-malformed", ["embed", "{model_copy}", "{sentences_txt}", "-o", "{tmp}/e.npy", "-q"], 2,
+      "modules.json", "not valid JSON", setup=_write("{model_copy}/modules.json", '[{"type": "x"')),
+    C("embed-config-not-object", ["embed", "{model_copy}", "{sentences_txt}", "-o", "{tmp}/e.npy", "-q"], 2,
+      "config.json", "must hold an object", setup=_write("{model_copy}/config.json", "[1]")),
     C("embed-precision-fp16-cpu", [*EMBED, "{sentences_txt}", "-o", "{tmp}/e.npy", "--precision", "fp16"], 2,
       "--precision fp16", "GPU", left=["{tmp}/e.npy"]),
     # ---- augment ------------------------------------------------------------------------------
@@ -288,6 +395,11 @@ CASES = [
     C("augment-prob-out-of-range", ["augment", "--delete-words", "1.5", "-i", "{good_tsv}", "-o", "{tmp}/a.tsv",
                                     "-q"], 2, "--delete-words"),
     C("augment-input-missing", [*AUG, "-i", "{tmp}/none.tsv", "-o", "{tmp}/a.tsv"], 2, "none.tsv"),
+    C("augment-header-twice", [*AUG, "-i", "{dup_header_tsv}", "-o", "{tmp}/a.tsv"], 2, "appears twice",
+      left=["{tmp}/a.tsv"]),
+    C("augment-text-list", [*AUG, "-i", "{list_text_jsonl}", "-o", "{tmp}/a.jsonl", "-c", "sentence"], 2, "row 2",
+      "list"),
+    C("augment-input-dir", [*AUG, "-i", "{tmp}", "-o", "{tmp}/a.tsv", "-c", "sentence"], 2, "is a directory"),
     # ---- probe --------------------------------------------------------------------------------
     C("probe-training-recipe", ["probe", "sequential", "-r", "quickstart", "-q"], 2, "quickstart"),
     C("probe-epochs-inf", [*PROBE, "train.epochs=.inf"], 2, "train.epochs"),
@@ -295,6 +407,9 @@ CASES = [
     C("probe-unknown-key", [*PROBE, "probe.sequense=[a]"], 2, "probe.sequense"),
     C("probe-cycles-zero", ["probe", "retention", "-r", "probe_sequential", "--cycles", "0"], 2, "--cycles"),
     C("probe-out-under-file", [*PROBE, "output.dir={afile}/x"], 5, "afile"),
+    C("probe-task-header-twice", [*PROBE, "~probe.tasks.sst2.data.dataset", "probe.tasks.sst2.data.train={dup_header_tsv}",
+                                  "probe.tasks.sst2.data.eval={dup_header_tsv}", "probe.tasks.sst2.data.columns.text=sentence"],
+      2, "appears twice", "dup_header.tsv"),
     # ---- report -------------------------------------------------------------------------------
     C("report-summary-list", REPORT, 2, "summary.json", setup=_write("{run}/summary.json", "[1, 2]\n")),
     C("report-summary-truncated", REPORT, 2, "summary.json", setup=_truncate("{run}/summary.json")),
@@ -327,6 +442,8 @@ CASES = [
     C("recipes-validate-dir", ["recipes", "validate", "{tmp}"], 2, "directory"),
     C("recipes-validate-unknown-option", ["recipes", "validate", "quickstart", "--nope"], 2, "--nope"),
     C("recipes-show-missing", ["recipes", "show", "nosuch"], 2, "nosuch"),
+    C("recipes-validate-drop-unknown", ["recipes", "validate", "quickstart", "~data.colums"], 2, "~data.colums",
+      "did you mean `data.columns`"),
 ]
 
 
@@ -402,7 +519,9 @@ def test_bad_input(case: Case, tmp_path, tiny_model_dir, finished_run):
     if case.setup is not None:
         case.setup(ctx)
     argv = [fill(a, ctx) for a in case.argv]
-    with read_only_as_root(ctx):
+    with read_only_as_root(ctx), pytest.MonkeyPatch.context() as mp:
+        if case.patch is not None:
+            case.patch(mp)
         res = runner.invoke(app, argv)
     for p in (tmp_path / "ro",):
         if p.exists():

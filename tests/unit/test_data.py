@@ -111,6 +111,23 @@ def test_min_classes_and_float_labels(tmp_path):
         _load(f"data.train={tr}", label_type="float")
 
 
+def test_eval_columns_name_the_eval_files_columns_for_a_classifier(tmp_path):
+    tr, ev = tmp_path / "tr.tsv", tmp_path / "ev.tsv"
+    tr.write_text("sentence\tlabel\na\tpos\nb\tneg\n")
+    ev.write_text("review\tgold\nc\tneg\n")
+    d = _load(f"data.train={tr}", f"data.eval={ev}", "data.columns.text=sentence", "data.eval_columns.text=review",
+              "data.eval_columns.label=gold")
+    assert d.train.columns["text"] == ["a", "b"] and d.eval.columns == {"text": ["c"], "label": [0]}
+
+
+def test_nested_lists_in_a_multi_label_row_are_refused(tmp_path):
+    f = tmp_path / "m.jsonl"
+    f.write_text('{"text": "a", "label": ["comedy"]}\n{"text": "b", "label": [["comedy"], 3]}\n')
+    with pytest.raises(DataError, match=r"row 2 of .*m.jsonl has the label \[\['comedy'\], 3\]: a multi-label row is "
+                                        r"a flat list"):
+        _load(f"data.train={f}", label_type="multi")
+
+
 def test_few_shot_is_per_class_and_seeded():
     labels = [0] * 50 + [1] * 30 + [2] * 3
     a = few_shot_indices(labels, 5, seed=3)
@@ -256,3 +273,56 @@ def test_collate_rounds_widths_to_buckets():
     assert f["input_ids"].shape == (2, 32)
     assert f["attention_mask"].sum(1).tolist() == [3, 18]
     assert (f["input_ids"][0, 3:] == 0).all()
+
+
+# ---- the one table reader ----------------------------------------------------------------------
+
+def test_rows_are_numbered_as_the_file_is(tmp_path):
+    from finetune_cli.data.sources import open_table
+
+    j = tmp_path / "a.jsonl"
+    j.write_text('{"text": "a"}\n\n{"text": "b"}\n{"text": "c"}\n')
+    chunks = list(open_table(str(j)).chunks(2, ["text"]))
+    assert [c.row_ids for c in chunks] == [[1, 3], [4]] and [c.columns["text"] for c in chunks] == [["a", "b"], ["c"]]
+    c = tmp_path / "a.csv"
+    c.write_text('text,label\n"two\nlines",x\n\nthree,y\n')
+    t = read_file(str(c), {"text": "text", "label": "label"})
+    assert t.columns["text"] == ["two\nlines", "three"] and t.row_ids == [2, 5]
+    j.write_text('{"text": "a"}\n\n{"text": 3}\n')
+    with pytest.raises(DataError, match=r"row 3 of .*a.jsonl has int 3 in text column `text`"):
+        _load(f"data.train={j}", required=("text",), label_type=None)
+
+
+def test_a_bad_byte_far_into_a_file_is_found_exactly(tmp_path):
+    f = tmp_path / "big.tsv"
+    head = "\ufeffsentence\tlabel\n" + "".join(f"caf\u00e9 number {i}\tpos\n" for i in range(60_000))
+    data = head.encode() + b"bad \xe9 byte\tneg\n"
+    f.write_bytes(data)
+    with pytest.raises(DataError, match=rf"byte\(s\) e9 at byte offset {len(head.encode()) + 4} \(row 60002\)"):
+        read_file(str(f), {"text": "sentence", "label": "label"})
+    f.write_bytes(head[1:].encode("utf-16"))
+    t = read_file(str(f), {"text": "sentence", "label": "label"}, encoding="utf-16")
+    assert len(t) == 60_000 and t.columns["text"][0] == "caf\u00e9 number 0"
+
+
+def test_refusals_name_what_they_refuse(tmp_path):
+    import os
+
+    f = tmp_path / "d.tsv"
+    f.write_text("text\tlabel\ttext\na\tb\tc\n")
+    with pytest.raises(DataError, match=r"column `text` appears twice in the header of .*d.tsv"):
+        read_file(str(f), {"text": "text"})
+    f.write_text("a\tb\n1\t2\n3\n")
+    from finetune_cli.data.sources import open_table
+
+    with pytest.raises(DataError, match=r"row 3 of .*d.tsv has 1 fields, expected 2"):
+        list(open_table(str(f), header="yes").chunks())
+    j = tmp_path / "d.json"
+    j.write_text('[{"text": "a"}, ["text"]]')
+    with pytest.raises(DataError, match=r"row 2 of .*d.json is not a JSON object"):
+        read_file(str(j), {"text": "text"})
+    with pytest.raises(DataError, match=r"data file .* is a directory"):
+        read_file(str(tmp_path), {"text": "text"}, fmt="tsv")
+    os.mkfifo(tmp_path / "p.tsv")
+    with pytest.raises(DataError, match=r"p.tsv is not a regular file but a FIFO"):
+        read_file(str(tmp_path / "p.tsv"), {"text": "text"})

@@ -254,9 +254,10 @@ def test_predict_rows_columns_probabilities(tmp_path, tiny_recipe, quickstart_da
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     assert summary["rows"] == 20 and sum(summary["predicted"].values()) == 20
-    from finetune_cli.data.table_io import read_columns
+    from finetune_cli.data.sources import open_table
 
-    got = read_columns(str(dst))
+    tf = open_table(str(dst), header="yes")
+    got = tf.read({n: n for n in tf.names}).columns
     assert list(got) == ["id", "sentence", "label", "pred_label", "prob_negative", "prob_positive"]
     assert [str(x) for x in got["sentence"]] == [r["sentence"] for r in rows]  # input order kept
     p = np.array([[float(a), float(b)] for a, b in zip(got["prob_negative"], got["prob_positive"], strict=True)])

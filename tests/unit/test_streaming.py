@@ -1,0 +1,135 @@
+"""Streaming ``predict`` and ``embed``: the output of a file read in many small chunks is the
+output of the file read whole (same rows, order, columns and values), and a run stopped half-way
+leaves nothing under the output's name."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from finetune_cli.data.sources import open_table
+from finetune_cli.pipelines.embed import run_embed
+from finetune_cli.pipelines.predict import run_predict
+from finetune_cli.pipelines.recipes import load_plan
+from finetune_cli.pipelines.train import run_train
+from finetune_cli.ui import UI
+from tests.conftest import QUICKSTART
+
+WHOLE = 100_000  # one chunk: the file read whole
+
+
+@pytest.fixture(scope="module")
+def classifier(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("stream-run")
+    ov = [f"model.name={tiny_model_dir}", "model.max_length=32", f"data.train={QUICKSTART / 'train.tsv'}",
+          f"data.eval={QUICKSTART / 'dev.tsv'}", "data.columns.text=sentence", "data.max_train_samples=32",
+          "train.batch_size=8", "train.max_steps=2", "train.lr=1e-3", f"output.dir={out}", "output.name=c"]
+    return str(run_train(load_plan(None, ov), UI(quiet=True), device="cpu").run_dir)
+
+
+@pytest.fixture
+def rows_file(tmp_path):
+    """37 rows of JSONL: texts of many lengths, an id, and a key only some records have."""
+    sents = (QUICKSTART / "dev.tsv").read_text().splitlines()[1:38]
+    f = tmp_path / "in.jsonl"
+    with f.open("w") as h:
+        for i, line in enumerate(sents):
+            text = line.split("\t")[0] * (1 + i % 3)
+            h.write(json.dumps({"id": i, "text": text, **({"note": f"n{i}"} if i % 5 == 0 else {})}) + "\n")
+    return f
+
+
+def _read(path) -> dict[str, list]:
+    tf = open_table(str(path), header="yes")
+    return tf.read({n: n for n in tf.names}, optional=tf.names).columns
+
+
+@pytest.mark.parametrize("ext", ["jsonl", "csv", "tsv", "parquet"])
+def test_predict_in_chunks_equals_predict_whole(classifier, rows_file, tmp_path, ext):
+    res = {}
+    for size in (5, WHOLE):
+        out = tmp_path / f"p{size}.{ext}"
+        res[size] = run_predict(classifier, str(rows_file), str(out), UI(quiet=True), device="cpu", batch_size=4,
+                                chunk_rows=size)
+    small, whole = _read(tmp_path / f"p5.{ext}"), _read(tmp_path / f"p{WHOLE}.{ext}")
+    assert list(small) == list(whole) == ["id", "text", "note", "pred_label", "prob_negative", "prob_positive"]
+    for k in ("id", "text", "note", "pred_label"):
+        assert small[k] == whole[k], k
+    probs = [np.asarray(small[k], dtype=float) - np.asarray(whole[k], dtype=float) for k in small if k.startswith("prob")]
+    assert np.abs(probs).max() < 1e-5  # other batches, other padding: equal up to float rounding
+    a, b = res[5].to_dict(), res[WHOLE].to_dict()
+    assert {k: v for k, v in a.items() if k not in ("output", "seconds")} == \
+        {k: v for k, v in b.items() if k not in ("output", "seconds")}
+    assert a["rows"] == 37 and sum(a["predicted"].values()) == 37
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".parquet"])
+def test_embed_in_chunks_equals_embed_whole(classifier, rows_file, tmp_path, suffix):
+    outs = {}
+    for size in (4, WHOLE):
+        out = tmp_path / f"e{size}{suffix}"
+        res = run_embed(classifier, str(rows_file), str(out), UI(quiet=True), device="cpu", chunk_rows=size)
+        assert res.sentences == 37 and res.dim == 32
+        if suffix == ".npy":
+            outs[size] = (np.load(out), np.load(res.ids_file).tolist(), None)
+        else:
+            import pyarrow.parquet as pq
+
+            t = pq.read_table(out).to_pydict()
+            outs[size] = (np.asarray(t["embedding"], dtype=np.float32), t["row_id"], t["text"])
+    (e4, ids4, t4), (ew, idsw, tw) = outs[4], outs[WHOLE]
+    assert e4.dtype == np.float32 and e4.shape == ew.shape == (37, 32)
+    assert np.allclose(e4, ew, atol=1e-5) and ids4 == idsw == list(range(1, 38)) and t4 == tw
+
+
+def test_npy_written_in_chunks_is_what_np_save_writes(classifier, rows_file, tmp_path):
+    """Rows appended after a header that holds the count: byte for byte the file ``np.save`` writes."""
+    res = run_embed(classifier, str(rows_file), str(tmp_path / "e.npy"), UI(quiet=True), device="cpu", chunk_rows=6)
+    emb = np.load(tmp_path / "e.npy")
+    np.save(tmp_path / "ref.npy", emb)
+    np.save(tmp_path / "ref_ids.npy", np.arange(1, 38, dtype=np.int64))
+    assert (tmp_path / "e.npy").read_bytes() == (tmp_path / "ref.npy").read_bytes()
+    assert (tmp_path / "e.ids.npy").read_bytes() == (tmp_path / "ref_ids.npy").read_bytes()
+    assert res.ids_file == str(tmp_path / "e.ids.npy")
+
+
+@pytest.mark.parametrize("command", ["predict", "embed"])
+def test_an_interrupted_run_leaves_no_output_and_a_rerun_starts_again(classifier, rows_file, tmp_path, monkeypatch,
+                                                                      command):
+    from finetune_cli.engine import inference
+
+    real = inference.InferenceSession.forward
+    calls = []
+
+    def stop_on_the_third_chunk(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(inference.InferenceSession, "forward", stop_on_the_third_chunk)
+    out = tmp_path / ("p.csv" if command == "predict" else "e.npy")
+    run = run_predict if command == "predict" else run_embed
+    with pytest.raises(KeyboardInterrupt):
+        run(classifier, str(rows_file), str(out), UI(quiet=True), device="cpu", chunk_rows=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # no output, no temporary file
+    monkeypatch.setattr(inference.InferenceSession, "forward", real)
+    res = run(classifier, str(rows_file), str(out), UI(quiet=True), device="cpu", chunk_rows=5)
+    assert out.is_file() and (res.rows if command == "predict" else res.sentences) == 37
+
+
+def test_predict_carries_columns_through_as_training_reads_them(classifier, tmp_path):
+    """A BOM, a U+2028 inside a JSON string, CRLF line ends: read as training reads them, written back clean."""
+    f = tmp_path / "in.csv"
+    f.write_bytes("\ufefftext,id\r\nfine day,1\r\n\"two\r\nlines\",2\r\n".encode())
+    out = tmp_path / "o.csv"
+    run_predict(classifier, str(f), str(out), UI(quiet=True), device="cpu")
+    assert out.read_text(encoding="utf-8").startswith("text,id,pred_label,")
+    assert _read(out)["text"] == ["fine day", "two\r\nlines"]
+    j = tmp_path / "in.jsonl"
+    j.write_text(json.dumps({"text": "a\u2028b"}, ensure_ascii=False) + "\n" + json.dumps({"text": "c"}) + "\n",
+                 encoding="utf-8")
+    res = run_predict(classifier, str(j), str(tmp_path / "o.jsonl"), UI(quiet=True), device="cpu")
+    assert res.rows == 2 and _read(tmp_path / "o.jsonl")["text"] == ["a\u2028b", "c"]
