@@ -1,6 +1,6 @@
 """Few-shot SST-2 study: fine-tuning objectives vs a linear probe and SetFit on the embedded MiniLM.
 
-    python experiments/fewshot_sst2.py                      # the whole study (writes docs/RESULTS.md)
+    python experiments/fewshot_sst2.py                      # the whole study (writes runs/fewshot/results.md)
     python experiments/fewshot_sst2.py --objectives ce --shots 20 --seeds 1,2 --results /tmp/smoke.md
     python experiments/fewshot_sst2.py --recipes flat       # the pre-issue-15 protocol (10 epochs each)
 
@@ -81,7 +81,7 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=os.environ.get("FINETUNE_SHARED_DATA", str(REPO.parent / "shared" / "data")),
                    help="folder holding SST-2/train.tsv and SST-2/dev.tsv (default: %(default)s)")
     p.add_argument("--out", default=str(REPO / "runs" / "fewshot_sst2"), help="runs and the dev halves go here")
-    p.add_argument("--results", default=str(REPO / "docs" / "RESULTS.md"), help="Markdown results file")
+    p.add_argument("--results", default=str(REPO / "runs" / "fewshot" / "results.md"), help="Markdown results file")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-figures", action="store_true", help="skip reliability / t-SNE PNGs of each run")
     p.add_argument("--keep", choices=("all", "best", "none"), default="best",
