@@ -195,8 +195,8 @@ class Recipe(_Plain):
     def run_dir(self) -> Path:
         return Path(self.output.dir) / (self.output.name or _stem(self.source, "run"))
 
-    def fingerprint(self, ignore_seeds: bool = False) -> str:
-        """Hash of everything that changes what a run computes (output location excluded).
+    def fingerprinted(self, ignore_seeds: bool = False) -> dict[str, Any]:
+        """Everything that changes what a run computes (output location excluded), as a tree.
         ``ignore_seeds``: the same for every seed of one recipe (``finetune report`` groups by it)."""
         d = self.to_dict()
         d.pop("output", None)
@@ -204,6 +204,11 @@ class Recipe(_Plain):
             d["train"].pop("seed", None)
             d["data"].pop("seed", None)
         d["train"].pop("report_to", None)  # where metrics are also sent does not change the run
+        return d
+
+    def fingerprint(self, ignore_seeds: bool = False) -> str:
+        """Hash of :meth:`fingerprinted`."""
+        d = self.fingerprinted(ignore_seeds)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

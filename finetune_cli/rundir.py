@@ -344,15 +344,7 @@ def same_run(where: str, old: Recipe, new: Recipe, remedy: str) -> bool:
     """True when ``old`` (a stored recipe) trains what ``new`` trains (the output folder aside);
     else the one-line refusal of :func:`same_job`, naming the differing keys."""
     return old.fingerprint() == new.fingerprint() or same_job(
-        Path(where), _fingerprinted(old), _fingerprinted(new), kind="run", overwrite=False, remedy=remedy)
-
-
-def _fingerprinted(r: Recipe) -> dict[str, Any]:
-    """What :meth:`Recipe.fingerprint` hashes, as a tree to name differences in."""
-    d = r.to_dict()
-    d.pop("output", None)
-    d["train"].pop("report_to", None)
-    return d
+        Path(where), old.fingerprinted(), new.fingerprinted(), kind="run", overwrite=False, remedy=remedy)
 
 
 def _counts(p: Path) -> bool:
