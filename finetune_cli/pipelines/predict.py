@@ -86,7 +86,7 @@ def run_predict(model_name: str, input_path: str, output: str, ui, *, column: st
     model, path = sess.model, sess.path
     if not model.has_classifier:
         raise ModelError(f"{path} is an embedding model (no classification head); use `finetune embed {model_name} "
-                         f"--input FILE --output OUT.npy` for its embeddings")
+                         f"FILE --output OUT.npy` for its embeddings")
     spec = model.spec
     id2label = getattr(model.config, "id2label", None) or {}
     labels = [str(id2label[i]) for i in sorted(id2label)][: spec.num_labels]

@@ -110,3 +110,20 @@ def test_eval_unseen_labels_and_missing_model(tiny_recipe, tmp_path):
     assert "label `neutral` in row 2 of" in error_line(res) and "never seen in training" in error_line(res)
     res = invoke("eval", str(tmp_path / "nothing-here"), "data.eval=x.tsv")
     assert res.exit_code == 2 and "model path does not exist" in error_line(res)
+
+
+def test_predict_on_an_embedding_model_suggests_an_embed_command_that_runs(tiny_model_dir, tmp_path):
+    """The hint names `finetune embed MODEL FILE --output ...`, and that command, as written, works."""
+    import re
+    import shlex
+
+    src = tmp_path / "s.txt"
+    src.write_text("a sentence\nanother one\n")
+    res = invoke("predict", str(tiny_model_dir), "--input", str(src), "--output", str(tmp_path / "p.csv"))
+    line = error_line(res)
+    assert res.exit_code != 0 and "embedding model" in line, line
+    hint = re.search(r"`finetune (embed [^`]+)`", line).group(1)
+    args = [str(src) if a == "FILE" else str(tmp_path / "e.npy") if a == "OUT.npy" else a for a in shlex.split(hint)]
+    res = invoke(*args, "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "e.npy").is_file()
