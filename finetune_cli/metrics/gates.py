@@ -51,7 +51,9 @@ def check_known(expectations: Sequence[Expectation], available: Sequence[str], w
     """Exit-2 error for an expectation on a metric that is not computed."""
     for e in expectations:
         if e.metric not in available:
-            close = difflib.get_close_matches(e.metric, list(available), n=1, cutoff=0.5)
+            # a prefix first (`acc` -> accuracy, not mcc), then the closest spelling
+            close = [m for m in available if m.startswith(e.metric)][:1] \
+                or difflib.get_close_matches(e.metric, list(available), n=1, cutoff=0.5)
             hint = f"; did you mean `{close[0]}`?" if close else ""
             raise FinetuneError(f"--expect {e}: no metric `{e.metric}`{where} (have: {', '.join(available)}){hint}")
 

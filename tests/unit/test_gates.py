@@ -58,7 +58,7 @@ def test_eval_gates_pass_fail_and_unknown_metric(trained):
     lines = [ln for ln in res.stderr.splitlines() if "quality gate failed" in ln]
     assert lines == [f"error: quality gate failed: accuracy = {acc:.4f}, expected >= 1.01"]
     res = runner.invoke(app, ["eval", str(trained), "--no-figures", "--expect", "acc>=0.5"])
-    assert res.exit_code == 2 and "no metric `acc`" in res.stderr
+    assert res.exit_code == 2 and "no metric `acc`" in res.stderr and "did you mean `accuracy`" in res.stderr
     res = runner.invoke(app, ["eval", str(trained), "--no-figures", "--expect", "accuracy≥0.5"])
     assert res.exit_code == 2 and "--expect" in res.stderr
 
