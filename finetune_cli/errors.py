@@ -11,6 +11,8 @@ Exit codes (also in the README and ``finetune --help``):
 4     a quality gate (``--expect``) failed: the metric missed its bound
 5     an output cannot be written or an input file cannot be read: a path that is a file, a
       read-only folder, a full disk
+6     a process of a multi-process run was lost (killed, out of memory, its machine gone); the
+      others stopped too: rerun the same command to resume from the last checkpoint
 130   interrupted (Ctrl-C / SIGTERM); a checkpoint was saved, rerun to resume
 ====  ==========================================================================================
 """
@@ -22,6 +24,7 @@ EXIT_CODES: dict[int, str] = {
     3: "training cannot go on (non-finite loss, unsupported precision)",
     4: "a quality gate (--expect) failed: the metric missed its bound",
     5: "cannot write an output or read a file (path is a file, read-only, disk full)",
+    6: "a process of a multi-process run was lost (killed, out of memory); rerun to resume",
     130: "interrupted (Ctrl-C / SIGTERM); rerun the same command to resume",
 }
 
@@ -67,3 +70,10 @@ class OutputError(FinetuneError):
     file or lies under one, the folder is read-only, the disk is full."""
 
     exit_code = 5
+
+
+class PeerLostError(FinetuneError):
+    """Another process of a multi-process run died (killed, out of memory, its machine gone), so
+    this one cannot go on."""
+
+    exit_code = 6

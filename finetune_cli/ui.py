@@ -22,6 +22,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 # must know it before (and without) the engine joining a process group.
 
 
+# Set by ``finetune train --nproc``'s launcher (``engine/launch.py``) for its workers: a folder where a
+# failing worker leaves its exit code and error line instead of printing it; the launcher prints
+# the one line that explains the run's failure.
+REPORTS_ENV = "FINETUNE_REPORTS"
+
+
 def launched_world_size() -> int:
     """Processes a launcher started (1 without one)."""
     return int(os.environ.get("WORLD_SIZE", "1"))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -16,7 +18,7 @@ import typer
 
 from finetune_cli.errors import FinetuneError
 from finetune_cli.fsutil import is_write_failure, output_error
-from finetune_cli.ui import UI, is_main_process
+from finetune_cli.ui import REPORTS_ENV, UI, is_main_process, launched_world_size
 
 RecipeOpt = Annotated[str, typer.Option("--recipe", "-r", help="YAML recipe file, or the name of a packaged recipe.")]
 Overrides = Annotated[Optional[list[str]], typer.Argument(
@@ -76,37 +78,71 @@ def one_line(text: str, limit: int = 0) -> str:
 
 def handle_errors(fn: Callable) -> Callable:
     """The one error path of every command: a :class:`FinetuneError` becomes one stderr line and
-    its exit code; a failed write (full disk, read-only folder) one line and exit 5; anything else
+    its exit code; a failed write (full disk, read-only folder) one line and exit 5; another process
+    of a multi-process run lost, one line and exit 6; SIGTERM, like Ctrl-C, exit 130; anything else
     is a bug: one line saying so, exit 1, and the traceback with ``--debug`` / ``FINETUNE_DEBUG=1``."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         ui = UI()
         try:
-            return fn(*args, **kwargs)
+            with _sigterm_interrupts():
+                return fn(*args, **kwargs)
         except (typer.Exit, BrokenPipeError):  # a closed pipe is no failure of ours: see cli/main.py
             raise
         except FinetuneError as e:
             if debug_enabled():
                 traceback.print_exc(file=sys.stderr)
-            ui.error(one_line(str(e)))
-            raise typer.Exit(getattr(e, "exit_code", 2)) from None
+            raise _fail(ui, getattr(e, "exit_code", 2), one_line(str(e))) from None
         except KeyboardInterrupt as e:
-            ui.error(one_line(str(e)) or "interrupted")
-            raise typer.Exit(130) from None
+            raise _fail(ui, 130, one_line(str(e)) or "interrupted") from None
         except Exception as e:  # noqa: BLE001 - the last resort: never a bare traceback
             if debug_enabled():
                 traceback.print_exc(file=sys.stderr)
-            if is_write_failure(e):
-                err = output_error(e, None, "access")
-                ui.error(one_line(str(err)))
-                raise typer.Exit(err.exit_code) from None
+            known = output_error(e, None, "access") if is_write_failure(e) else _peer_lost(e)
+            if known is not None:
+                raise _fail(ui, known.exit_code, one_line(str(known))) from None
             where = ""
             tb = traceback.extract_tb(e.__traceback__)
             if tb:
                 where = f" at {Path(tb[-1].filename).name}:{tb[-1].lineno}"
             hint = "" if debug_enabled() else "; rerun with --debug for the traceback"
-            ui.error(one_line(f"unexpected {type(e).__name__}{where}: {e}", 300) + hint)
-            raise typer.Exit(1) from None
+            raise _fail(ui, 1, one_line(f"unexpected {type(e).__name__}{where}: {e}", 300) + hint) from None
 
     return wrapper
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises ``KeyboardInterrupt`` for the command's duration (Python's default would end the
+    process with -15), so a stop request before or after training exits 130 like Ctrl-C; training
+    itself turns both into a checkpoint first (``engine.distributed.StopRequests``)."""
+    try:
+        old = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    except ValueError:  # not the main thread: signals stay as they are
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _peer_lost(e: Exception):
+    if launched_world_size() == 1:  # no need to import torch for a one-process error
+        return None
+    from finetune_cli.engine.distributed import peer_lost
+
+    return peer_lost(e)
+
+
+def _fail(ui: UI, code: int, line: str) -> typer.Exit:
+    """Print the error line (main process only), or, in a worker of ``finetune train --nproc``, hand
+    it to the launcher, which prints the one line that explains the run's failure."""
+    if os.environ.get(REPORTS_ENV):
+        from finetune_cli.engine.launch import write_report
+
+        write_report(code, line)
+    else:
+        ui.error(line)
+    return typer.Exit(code)

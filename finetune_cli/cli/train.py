@@ -45,15 +45,15 @@ def train(
     """Fine-tune a model with a recipe: finetune train --recipe recipes/scl.yaml train.epochs=3"""
     from finetune_cli.engine.launch import relaunch, should_relaunch
     from finetune_cli.metrics.gates import check_known, enforce_on_run, parse_expectations
-    from finetune_cli.pipelines.train import run_train
-
-    if should_relaunch(nproc):
-        raise typer.Exit(relaunch(nproc, sys.argv[1:], sys.argv[0]))
+    from finetune_cli.pipelines.train import preflight, run_train
 
     plan = load_plan(recipe, overrides or [])
     gates = parse_expectations(expect or [])
     if gates and plan.metrics:  # fail before training, not after it
         check_known(gates, plan.metrics, " in the final evaluation of training")
+    if should_relaunch(nproc):  # bad input is one line from here, not one from each of N processes
+        preflight(plan, device=device, data_dir=data_dir)
+        raise typer.Exit(relaunch(nproc, sys.argv[1:], sys.argv[0]))
     ui = UI(quiet=quiet)
     if seeds is not None:
         from finetune_cli.cli.train_seeds import train_seeds

@@ -158,14 +158,23 @@ def class_balanced_ungrouped_batches(lengths: np.ndarray, labels: Optional[np.nd
 UNGROUPED = {"length_grouped": "random", "class_balanced": "class_balanced_ungrouped"}
 
 
+class Padding(list):
+    """A batch of repeated examples that only keeps the processes in step (see ``epoch_batches``):
+    the trainer gives it zero loss weight, and contrastive objectives leave it out of the batch they
+    gather across processes."""
+
+
 def epoch_batches(name: str, lengths: np.ndarray, labels: Optional[np.ndarray], batch_size: int, seed: int,
                   epoch: int, rank: int = 0, world: int = 1) -> Batches:
-    """The batches this process trains on in ``epoch``: every ``world``-th global batch, with the
-    tail trimmed so all processes take the same number of steps."""
+    """The batches this process trains on in ``epoch``: every ``world``-th global batch. When the
+    global batches do not divide by ``world``, the last round is filled up with :class:`Padding`
+    copies of the epoch's first batches (accelerate's ``even_batches`` idea), so all processes take
+    the same number of steps and every example is trained on once per epoch, whatever ``world``.
+    Only the highest ranks get a padding batch, the last of their epoch; never rank 0."""
     batches = SAMPLERS[name](lengths, labels, batch_size, seed, epoch)
     if world > 1:
-        usable = len(batches) - len(batches) % world
-        batches = batches[rank:usable:world]
+        batches = batches + [Padding(batches[i % len(batches)]) for i in range(-len(batches) % world)]
+        batches = batches[rank::world]
     return batches
 
 

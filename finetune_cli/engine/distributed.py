@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ import torch
 
 from finetune_cli.engine.device import resolve_device
 from finetune_cli.engine.rng import capture_rng, restore_rng
-from finetune_cli.errors import DeviceError, FinetuneError
+from finetune_cli.errors import DeviceError, FinetuneError, PeerLostError
 from finetune_cli.ui import is_main_process, launched_rank, launched_world_size
 
 T = TypeVar("T")
@@ -131,6 +132,7 @@ def init_distributed(device: str) -> Processes:
     view (the device resolved once; a later call naming another device is an error). One process
     gets a fresh view per call, since a caller may train on several devices in turn; its device is
     resolved when first asked for."""
+    refuse_sharding()
     if _under_launcher():
         set_parent_death_signal()
     world = launched_world_size()
@@ -161,6 +163,44 @@ def _join(device: str, world: int) -> Processes:
     # gloo for the control plane; the default group when it is gloo already.
     procs.group = None if torch.distributed.get_backend() == "gloo" else torch.distributed.new_group(backend="gloo")
     return procs
+
+
+# What `accelerate launch --config_file` sets for a sharded model (accelerate reads these, as
+# "true", in AcceleratorState/Accelerator; a config file alone is never read by the Accelerator).
+SHARDING_ENV = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DeepSpeed",
+                "ACCELERATE_USE_MEGATRON_LM": "Megatron-LM", "ACCELERATE_USE_PARALLELISM_CONFIG": "a parallelism config"}
+
+
+def refuse_sharding() -> None:
+    """Refuse an accelerate config that shards the model (FSDP, DeepSpeed, Megatron-LM, tensor or
+    context parallelism): every process here holds the whole model (DDP), evaluates it and saves it
+    from the main process, which a sharded model does not hold in full; and on the CPU accelerate
+    silently runs such a config as DDP."""
+    on = [what for var, what in SHARDING_ENV.items() if os.environ.get(var, "false").lower() == "true"]
+    if on:
+        var = next(v for v, w in SHARDING_ENV.items() if w == on[0])
+        raise DeviceError(f"the accelerate config asks for {on[0]} ({var}=true): finetune trains a whole copy "
+                          f"of the model on each process (DDP) and cannot shard it; use a config with "
+                          f"distributed_type MULTI_GPU (or MULTI_CPU), or `finetune train --nproc N`")
+
+
+# Messages of a collective whose peer is gone (gloo: "Connection closed by peer … typically caused by
+# a remote worker crashing"; NCCL: an aborted communicator), lower-cased.
+_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe", "nccl communicator", "nccl error")
+
+
+def peer_lost(exc: BaseException) -> Optional[PeerLostError]:
+    """The error to report when ``exc`` says that another process of this multi-process run is gone
+    (its collective lost its peer), else None. One process: always None."""
+    if launched_world_size() == 1:
+        return None
+    dist_error = getattr(torch.distributed, "DistError", ())
+    msg = re.sub(r"^\[[^\]]*\]\s*", "", str(exc))  # gloo's "[…/pair.cc:553] " source location
+    if not (isinstance(exc, dist_error) or any(m in msg.lower() for m in _PEER_GONE)):
+        return None
+    return PeerLostError(f"process {launched_rank()} of {launched_world_size()}: another process of this run "
+                         f"is gone ({msg.split('. ')[0][:160]}); rerun the same command to resume from the last "
+                         f"checkpoint")
 
 
 def _under_launcher() -> bool:

@@ -36,7 +36,7 @@ from typing import Any, Optional
 import torch
 
 from finetune_cli.data.encode import EncodedData, collate, pin, to_device
-from finetune_cli.data.sampling import epoch_batches
+from finetune_cli.data.sampling import Padding, epoch_batches
 from finetune_cli.engine import device_info, tracking
 from finetune_cli.engine.checkpoint_io import has_state, load_state, save_state
 from finetune_cli.engine.device import resolve_precision
@@ -46,6 +46,7 @@ from finetune_cli.engine.inference import sharded
 from finetune_cli.engine.rng import capture_rng, rank_seed, restore_rng, seed_everything
 from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, clean_stale_temps
+from finetune_cli.objectives._dist import left_out
 from finetune_cli.recipe import TrainConfig
 from finetune_cli.rundir import BEST_METRICS, CHECKPOINT_MODEL, CHECKPOINT_RECIPE, STATE_FILE, RunDir
 from finetune_cli.ui import launched_world_size
@@ -81,6 +82,7 @@ class TrainResult:
     interrupted: bool = False
     device_name: str = ""  # e.g. "cuda:0 NVIDIA H100 80GB HBM3" or "cpu ×2 threads"
     gpu_mem_peak_gb: Optional[float] = None  # CUDA only
+    num_processes: int = 1
 
 
 @dataclass
@@ -133,6 +135,12 @@ def make_accelerator(dev: torch.device, precision: str, **tracking_kwargs):
     prec = resolve_precision(precision, dev, "train.precision", TrainingError)
     mp = "no" if prec == "fp32" else prec  # accelerate's name for no mixed precision
     return Accelerator(cpu=use_cpu, mixed_precision=mp, **tracking_kwargs)
+
+
+def _weighted(micro: list[list[int]]) -> int:
+    """The micro-batches of a step that carry loss weight (not ``Padding``; at least 1): the loss of
+    each is divided by this, as by the number of micro-batches in a step without padding."""
+    return max(1, sum(not isinstance(idx, Padding) for idx in micro))
 
 
 ENCODER_PREFIX = "encoder."
@@ -556,7 +564,7 @@ class Trainer:
             i += len(micro)
             st.step += 1
             st.epoch, st.batch_in_epoch = epoch, i
-            loop.pending.append((st.step, epoch, len(micro), keys, parts))
+            loop.pending.append((st.step, epoch, _weighted(micro), keys, parts))
             # Nothing until the next step draws random numbers (evaluation and saving do not), so
             # this is the RNG state the next step starts from.
             loop.rng_at_step_start = capture_rng()
@@ -582,18 +590,20 @@ class Trainer:
         left on the device: no host sync per step keeps the GPU fed."""
         parts_sum: dict[str, torch.Tensor] = {}
         n_samples = 0
+        n_real = _weighted(micro)
         for j, idx in enumerate(micro):
             batch = to_device(next(stream), self.acc.device)
             sync = j == len(micro) - 1
             ctx = self.acc.no_sync(self.model) if not sync and self.world > 1 else contextlib.nullcontext()
-            with ctx, self.acc.autocast():
+            pad = isinstance(idx, Padding)  # zero weight, and out of the batch gathered across processes
+            with ctx, self.acc.autocast(), left_out(pad):
                 out = self.objective(self.model, batch)
-            self.acc.backward(out["loss"] / len(micro))
+            self.acc.backward(out["loss"] * 0.0 if pad else out["loss"] / n_real)
             for k in ("loss", *self.objective.parts):
                 if k in out:
-                    v = out[k].detach().float()
+                    v = out[k].detach().float() * 0.0 if pad else out[k].detach().float()
                     parts_sum[k] = parts_sum[k] + v if k in parts_sum else v
-            n_samples += len(idx)
+            n_samples += 0 if pad else len(idx)
         keys = tuple(parts_sum)
         parts = torch.stack([parts_sum[k] for k in keys])
         if self.cfg.max_grad_norm is not None:
@@ -662,4 +672,5 @@ class Trainer:
         sps = st.samples_seen / st.train_seconds if st.train_seconds > 0 else 0.0
         mem = device_info.memory(self.acc.device)
         return TrainResult(st, self.total_steps, str(self.acc.device), self.acc.mixed_precision, sps,
-                           device_name=self.device_name, gpu_mem_peak_gb=mem["gpu_mem_peak_gb"] if mem else None)
+                           device_name=self.device_name, gpu_mem_peak_gb=mem["gpu_mem_peak_gb"] if mem else None,
+                           num_processes=self.world)

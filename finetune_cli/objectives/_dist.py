@@ -6,12 +6,33 @@ gathered batch would only train on the local rows' part of the similarity matrix
 gradient of each gathered block back to its owner, so every process gets the gradient it would
 get if one process had computed the loss on the concatenated batch (scaled by the world size, since
 each process computes the same global loss and DDP then averages the gradients).
+
+A process training on a padding batch (``data.sampling.Padding``: repeated examples that only keep
+the processes in step) still takes part in every gather, but with no rows (:func:`left_out`): a
+repeated example never acts as a positive or a negative of the others.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.distributed as dist
+
+_left_out = False
+
+
+@contextlib.contextmanager
+def left_out(flag: bool = True) -> Iterator[None]:
+    """Within this block (``flag``) this process adds no rows to the gathered batches; it still
+    gets the others' rows, so it computes the same global loss as they do."""
+    global _left_out
+    before, _left_out = _left_out, flag
+    try:
+        yield
+    finally:
+        _left_out = before
 
 
 def world() -> tuple[int, int]:
@@ -50,6 +71,7 @@ def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
         return x
     from torch.distributed.nn.functional import all_gather
 
+    x = x[:0] if _left_out else x
     sizes = _sizes(x, size)
     parts = all_gather(_pad(x, max(sizes)))
     return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)], dim=0)
@@ -60,8 +82,19 @@ def gather_no_grad(x: torch.Tensor) -> torch.Tensor:
     rank, size = world()
     if size == 1:
         return x
+    x = x[:0] if _left_out else x
     sizes = _sizes(x, size)
     xp = _pad(x.detach(), max(sizes))
     out = [torch.empty_like(xp) for _ in range(size)]
     dist.all_gather(out, xp)
     return torch.cat([p[:n] for p, n in zip(out, sizes, strict=True)], dim=0)
+
+
+def own_rows(n: int, device: torch.device) -> tuple[int, int]:
+    """Where this process's ``n`` rows sit in the gathered batch: (first row, number of rows), the
+    number 0 when they are :func:`left_out`."""
+    rank, size = world()
+    if size == 1:
+        return 0, n
+    sizes = _sizes(torch.empty((0 if _left_out else n,), device=device), size)
+    return sum(sizes[:rank]), sizes[rank]

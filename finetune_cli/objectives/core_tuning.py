@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from finetune_cli.objectives._dist import gather_no_grad, gather_with_grad, world
+from finetune_cli.objectives._dist import gather_no_grad, gather_with_grad, own_rows
 from finetune_cli.objectives.base import Objective, check_range
 from finetune_cli.objectives.registry import register
 
@@ -210,8 +210,8 @@ class CoreTuning(Objective):
         f_all = gather_with_grad(f_local)
         labels_all = gather_no_grad(labels)
         y_all = F.one_hot(labels_all, num_labels).float()
-        offset = _local_offset(labels)
-        anchors = torch.arange(offset, offset + len(labels), device=labels.device)
+        offset, count = own_rows(len(labels), labels.device)  # count 0: a padding batch, left out
+        anchors = torch.arange(offset, offset + count, device=labels.device)
         f_mix, y_mix = hardness_directed_mixup(f_all, y_all, labels_all, anchors, self.alpha, self.neg_min_weight)
         feats = torch.cat([f_local, f_mix])
         y = torch.cat([y_local, y_mix])
@@ -222,11 +222,3 @@ class CoreTuning(Objective):
         loss = ce + self.eta * con
         return {"loss": loss, "ce": ce.detach(), "con": con.detach()}
 
-
-def _local_offset(labels: torch.Tensor) -> int:
-    """Row where this process's batch starts in the gathered batch (batches may differ in size)."""
-    rank, size = world()
-    if size == 1:
-        return 0
-    sizes = gather_no_grad(torch.tensor([len(labels)], device=labels.device))
-    return int(sizes[:rank].sum())

@@ -20,15 +20,17 @@ from finetune_cli.data import TaskData
 from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine import Interrupted, Trainer
 from finetune_cli.engine.checkpoint_io import states_problem
-from finetune_cli.engine.distributed import Processes, init_distributed
+from finetune_cli.engine.device import resolve_device, resolve_precision
+from finetune_cli.engine.distributed import Processes, init_distributed, refuse_sharding
 from finetune_cli.engine.inference import pad_id
 from finetune_cli.engine.rng import seed_everything
-from finetune_cli.errors import RunDirError
+from finetune_cli.errors import RunDirError, TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
 from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
 from finetune_cli.pipelines.common import EVALUATORS, encode, load_data, model_card_info
 from finetune_cli.pipelines.recipes import Plan, validate_recipe
 from finetune_cli.rundir import CHECKPOINT_MODEL, RunDir, RunLock, checkpoint_problem, same_run
+from finetune_cli.viz.curves import write_curves
 
 
 @dataclass
@@ -63,6 +65,14 @@ def run_train(plan: Plan, ui, *, device: str = "auto", data_dir: Optional[str] =
     finally:
         if lock is not None:
             lock.release()
+
+
+def preflight(plan: Plan, *, device: str = "auto", data_dir: Optional[str] = None) -> None:
+    """What ``--nproc N`` checks in its own process before it starts N (its recipe is validated): an
+    accelerate config that shards, the device and precision, the data; so these are one line."""
+    refuse_sharding()
+    resolve_precision(plan.recipe.train.precision, resolve_device(device), "train.precision", TrainingError)
+    load_data(plan, data_dir_from_env(data_dir), need_train=True)
 
 
 # ---- setup -------------------------------------------------------------------------------------
@@ -164,7 +174,7 @@ def _finish(plan: Plan, run: RunDir, trainer: Trainer, data: TaskData, result, p
             trainer.save_model_fn(trainer.unwrapped(), tmp)
     summary = _summary(plan, run, data, result, evaluated=trainer.evaluate_fn is not None)
     if trainer.is_main:
-        write_curves(run, ui)
+        write_curves(run, ui)  # figures/curves.png
         atomic_write_json(run.summary_file, summary)
     procs.barrier()  # no rank reports success before final/ and summary.json exist
     return summary
@@ -182,18 +192,6 @@ def _summary(plan: Plan, run: RunDir, data: TaskData, result, evaluated: bool) -
         "precision": result.precision, "metric": recipe.train.metric if evaluated else None,
         "best_metric": st.best_metric, "best_step": st.best_step, "final_eval": st.last_eval,
         "stopped_early": st.stopped_early, "labels": data.label_names, "seed": recipe.train.seed,
+        "num_processes": result.num_processes,
     }
 
-
-def write_curves(run: RunDir, ui) -> Optional[Path]:
-    """``figures/curves.png`` from the run's ``metrics.jsonl`` (skipped without matplotlib)."""
-    from finetune_cli.viz._mpl import available
-
-    if not run.metrics_file.is_file():
-        return None
-    if not available():
-        ui.warn("figures/curves.png skipped: matplotlib is not installed (pip install 'finetune-cli[plots]')")
-        return None
-    from finetune_cli.viz.curves import curve_series, plot_curves, read_metrics
-
-    return plot_curves(curve_series(read_metrics(run.metrics_file)), run.curves, title=str(run))

@@ -159,3 +159,16 @@ def draw_multi_run(data: Mapping[str, Mapping[str, Mapping[str, Any]]], title: s
 def plot_multi_run(data: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path, title: str = "") -> Path:
     """:func:`draw_multi_run` saved to ``path``."""
     return save(draw_multi_run(data, title), path)
+
+
+def write_curves(run, ui) -> Path | None:
+    """``figures/curves.png`` of a run (a ``RunDir``) from its ``metrics.jsonl``; skipped, with a
+    warning through ``ui``, without matplotlib."""
+    from finetune_cli.viz._mpl import available
+
+    if not run.metrics_file.is_file():
+        return None
+    if not available():
+        ui.warn("figures/curves.png skipped: matplotlib is not installed (pip install 'finetune-cli[plots]')")
+        return None
+    return plot_curves(curve_series(read_metrics(run.metrics_file)), run.curves, title=str(run))

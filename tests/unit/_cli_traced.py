@@ -8,14 +8,18 @@ Environment knobs (all optional):
   process writes, once.
 - ``KILL_AT=<step>``: at the end of that step the main process SIGKILLs the whole job (launcher,
   other ranks, itself): a power cut at a known step.
-- ``SIGNAL_AT=<step>:<who>``: at the end of that step, the main process sends SIGTERM to ``who``:
-  ``launcher`` (torchrun), ``rank1``, or ``top`` (the process that started torchrun, i.e. a
-  ``finetune train --nproc`` parent).
+- ``SIGNAL_AT=<step>:<who>[:<signal>]``: at the end of that step, the main process sends SIGTERM
+  (or ``KILL`` …) to ``who``: ``launcher`` (torchrun), ``rank1``, or ``top`` (the process that
+  started torchrun, i.e. a ``finetune train --nproc`` parent).
+- ``FAIL_AT=<step>:rank<R>``: at the end of that step rank R alone raises a ``DataError``.
+- Every rank appends the batches of each epoch the trainer asks for (``epoch_batches``) to
+  ``TRACE_DIR/rank<R>.batches`` as JSON lines ``{"epoch", "batches", "padding"}``.
 - ``STEP_SLEEP=<seconds>``: sleep after each step, so a signal lands mid-run.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -65,6 +69,18 @@ def _instrument() -> None:
 
     tr.clean_stale_temps = traced_clean
 
+    batches = tr.epoch_batches
+
+    def traced_batches(*a, **k):
+        out = batches(*a, **k)
+        if TRACE:
+            with open(os.path.join(TRACE, f"{WHO}.batches"), "a") as f:
+                f.write(json.dumps({"epoch": a[5], "batches": [list(map(int, b)) for b in out],
+                                    "padding": [isinstance(b, tr.Padding) for b in out]}) + "\n")
+        return out
+
+    tr.epoch_batches = traced_batches
+
 
 def _family() -> list[int]:
     import psutil
@@ -81,15 +97,20 @@ def _callback(trainer, state) -> None:
         for pid in _family():
             os.kill(pid, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
+    fail = os.environ.get("FAIL_AT", "")
+    if fail == f"{state.step}:{WHO}":
+        from finetune_cli.errors import DataError
+
+        raise DataError(f"injected failure on {WHO} at step {state.step}")
     at = os.environ.get("SIGNAL_AT", "")
     if at.split(":")[0] == str(state.step) and RANK == "0":
         import psutil
 
-        who = at.split(":")[1]
+        who, sig = (at.split(":") + ["TERM"])[1:3]
         launcher = psutil.Process(os.getppid())
         pid = {"launcher": launcher.pid, "top": launcher.ppid(),
                "rank1": next((p.pid for p in launcher.children() if p.pid != os.getpid()), None)}[who]
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, getattr(signal, f"SIG{sig}"))
 
 
 if __name__ == "__main__":

@@ -106,3 +106,57 @@ def test_core_tuning_runs_on_two_processes_with_one_global_contrastive_term(tmp_
     got = spawn(_core_worker, tmp_path, sizes)
     assert got[0]["con"].item() == pytest.approx(got[1]["con"].item(), rel=1e-12)
     assert all(torch.isfinite(g["grad"]).all() and g["grad"].abs().sum() > 0 for g in got)
+
+
+def _left_out_worker(rank, store, out, sizes):
+    from finetune_cli.objectives._dist import left_out
+
+    with process_group(rank, store):
+        emb, labels = _data(sizes)
+        start = sum(sizes[:rank])
+        local = emb[start:start + sizes[rank]].clone().requires_grad_(True)
+        with left_out(rank == 1):  # rank 1 trains on a padding batch
+            loss = _scl_on(local, labels[start:start + sizes[rank]])
+        loss.backward()
+        save(rank, out, {"loss": loss.detach(), "grad": local.grad})
+
+
+def test_a_padding_batch_is_left_out_of_the_gathered_batch(tmp_path):
+    """A process on a padding batch (``left_out``) adds no rows to the gather: both processes compute
+    the loss of rank 0's rows alone, as one process does on them; the padding rows get no gradient
+    (they are neither positives nor negatives)."""
+    sizes = (5, 4)
+    got = spawn(_left_out_worker, tmp_path, sizes)
+    emb, labels = _data(sizes)
+    own = emb[:5].clone().requires_grad_(True)
+    ref = _scl_on(own, labels[:5])
+    ref.backward()
+    assert ref.item() != pytest.approx(_scl_on(emb, labels).item())  # the check can tell
+    for g in got:
+        assert g["loss"].item() == pytest.approx(ref.item(), rel=1e-12)
+    assert torch.allclose(got[0]["grad"] / WORLD, own.grad, atol=1e-12)
+    assert got[1]["grad"] is None or not got[1]["grad"].any()
+
+
+def _core_left_out_worker(rank, store, out, sizes):
+    from finetune_cli.objectives import build
+    from finetune_cli.objectives._dist import left_out
+
+    with process_group(rank, store):
+        emb, labels = _data(sizes)
+        start = sum(sizes[:rank])
+        sl = slice(start, start + sizes[rank])
+        model = _StubModel().double()
+        torch.manual_seed(100 + rank)
+        with left_out(rank == 1):
+            res = build("core_tuning", {"eta": 1.0})(model, {"features": [{"x": emb[sl]}], "labels": labels[sl]})
+        res["loss"].backward()
+        save(rank, out, {"con": res["con"]})
+
+
+def test_core_tuning_with_a_padding_batch_mixes_and_contrasts_the_real_rows_only(tmp_path):
+    """Core-tuning mines and mixes for its own anchors at their offset in the gathered batch: a
+    process left out has no anchors there (it would index past the batch), and both processes
+    compute the same contrastive term over rank 0's rows and mixtures."""
+    got = spawn(_core_left_out_worker, tmp_path, (3, 5))
+    assert torch.isfinite(got[0]["con"]) and got[0]["con"].item() == pytest.approx(got[1]["con"].item(), rel=1e-12)

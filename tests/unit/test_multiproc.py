@@ -335,3 +335,85 @@ def test_refit_head_on_two_processes_fits_on_the_whole_training_set(small_model,
         np.testing.assert_allclose(got.detach().double().numpy(), ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
     half = fit_logistic(x[: len(x) // 2], np.asarray(enc.labels)[: len(x) // 2], 2)[0]
     assert np.abs(half - w).max() > 0.05 * np.abs(w).max()  # the check above sees a fit on one rank's half
+
+
+# ---- failures are one line; uneven data ---------------------------------------------------------
+
+def _nproc(args: list[str], trace: Path, nproc: int = 2, **env: str) -> subprocess.CompletedProcess:
+    """``finetune train … --nproc N`` (the traced CLI as the program, so its ranks are traced too)."""
+    return subprocess.run([sys.executable, TRACED, "train", *args, "--nproc", str(nproc)], env=_env(trace, **env),
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def _lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.strip()]
+
+
+def test_nproc_worker_failure_is_its_one_line_and_exit_code(small_model, tmp_path):
+    """A failure the parent cannot see before launching (the model is read by the workers): the
+    workers' one line, once, and their exit code; no torchrun traceback."""
+    args = _recipe(small_model, tmp_path / "runs", "ce", f"model.name={tmp_path / 'no-model'}", "-q")
+    res = _nproc(args, tmp_path / "t")
+    assert res.returncode == 2, res.stderr[-3000:]
+    lines = _lines(res.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: model path does not exist") and "no-model" in lines[0], \
+        res.stderr[-3000:]
+    assert _exits(tmp_path / "t")[0][0] == _exits(tmp_path / "t")[1][0] == 2
+
+
+def test_nproc_failure_of_one_rank_is_that_ranks_line(small_model, tmp_path):
+    """Rank 1 alone fails mid-run (exit 2); rank 0 is stopped by the launcher or loses its peer. The
+    run ends with rank 1's line and code, not rank 0's consequence, not a traceback."""
+    trace = tmp_path / "t"
+    res = _nproc(_recipe(small_model, tmp_path / "runs", "ce", "-q"), trace, FAIL_AT="3:rank1")
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert _lines(res.stderr) == ["error: injected failure on rank1 at step 3"], res.stderr[-3000:]
+    exits = _exits(trace)
+    assert exits[1][0] == 2 and exits[0][0] in (130, 6), exits
+    _no_process_left(trace)
+
+
+def test_nproc_a_killed_process_is_a_lost_peer(small_model, tmp_path):
+    """Rank 1 SIGKILLed (as by the out-of-memory killer): one line naming it, exit 6 (the table's
+    lost process), the other rank stopped, nothing left running; a rerun resumes."""
+    trace = tmp_path / "t"
+    args = _recipe(small_model, tmp_path / "runs", "ce", "train.max_steps=40", "train.eval_every=100", "-q")
+    res = _nproc(args, trace, SIGNAL_AT="3:rank1:KILL", STEP_SLEEP="0.2")
+    assert res.returncode == 6, res.stderr[-3000:]
+    assert _lines(res.stderr) == ["error: process 1 of 2 was killed by SIGKILL, so the run stopped; rerun the same "
+                                  "command to resume from the last checkpoint"], res.stderr[-3000:]
+    assert _exits(trace)[0][0] in (130, 6)
+    _no_process_left(trace)
+
+
+@pytest.mark.parametrize(("nproc", "objective"), [(2, "ce"), (3, "scl")])
+def test_uneven_data_every_example_once_per_epoch(nproc, objective, small_model, tmp_path):
+    """41 examples in batches of 4 are 11 global batches: on 2 or 3 processes the last round is
+    filled with padding batches (repeated examples, zero weight; never on rank 0), so every process
+    takes ceil(11 / N) steps and every example is trained on exactly once per epoch. scl gathers
+    embeddings across processes with a padding batch in the step. ``summary.json`` records N."""
+    trace = tmp_path / "t"
+    args = _recipe(small_model, tmp_path / "runs", objective, "~train.max_steps", "train.epochs=2",
+                   "data.max_train_samples=41", "train.batch_size=4", f"objective.name={objective}", "-q")
+    res = _nproc(args, trace, nproc=nproc)
+    assert res.returncode == 0, res.stderr[-3000:]
+    per_rank = {}
+    for r in range(nproc):
+        per_rank[r] = {}
+        for ln in (trace / f"rank{r}.batches").read_text().splitlines():
+            d = json.loads(ln)
+            per_rank[r][d["epoch"]] = list(zip(d["batches"], d["padding"], strict=True))
+    steps = -(-11 // nproc)
+    for epoch in (0, 1):
+        real, counts = [], set()
+        for r in range(nproc):
+            got = per_rank[r][epoch]
+            counts.add(len(got))
+            real += [i for b, pad in got if not pad for i in b]
+            assert not any(pad for _, pad in got[:-1]) and (r > 0 or not got[-1][1])  # padding: last, not rank 0
+        assert counts == {steps}, counts
+        assert sorted(real) == list(range(41)), epoch
+        assert any(pad for r in range(nproc) for _, pad in per_rank[r][epoch])  # the case under test
+    s = json.loads((tmp_path / "runs" / objective / "summary.json").read_text())
+    assert s["num_processes"] == nproc and s["train_examples"] == 41
+    assert s["steps"] == 2 * steps

@@ -63,13 +63,43 @@ def test_nproc_relaunch_command():
     assert without_nproc(["train", "-r", "x", "--nproc", "2", "a=1", "--nproc=3", "--device", "cpu"]) == \
         ["train", "-r", "x", "a=1", "--device", "cpu"]
     cmd = torchrun_command(2, ["train", "--nproc", "2", "-r", "x"], "/nonexistent/bin/finetune")
-    assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    assert cmd[1:] == ["-m", "finetune_cli.engine.launch", "--standalone", "--nproc_per_node=2",
                        "-m", "finetune_cli", "train", "-r", "x"]
     import finetune_cli
 
     main = os.path.join(os.path.dirname(finetune_cli.__file__), "__main__.py")
     assert torchrun_command(2, ["train"], main)[5:7] == ["-m", "finetune_cli"]
     assert torchrun_command(2, ["train"], __file__)[5] == __file__  # a script reruns itself
+
+
+def test_launcher_verdict_is_the_line_that_explains_the_run():
+    """``finetune train --nproc``'s launcher prints one worker's line: a worker's own error before the
+    consequences on the others (stopped: 130, lost peer: 6); a worker killed without a word is a
+    lost process (6), named; else the peers' report, else the interruption."""
+    from finetune_cli.engine.launch import verdict
+
+    data, lost, stop = (2, "error in data.tsv row 3"), (6, "process 0 of 3: another process …"), (130, "interrupted")
+    assert verdict({0: stop, 1: data, 2: data}, {0: 130, 1: 2, 2: 2}, 3) == data
+    assert verdict({0: lost, 2: (3, "loss is nan")}, {0: 6, 1: -9, 2: 3}, 3) == (3, "loss is nan")
+    code, line = verdict({0: lost}, {0: 6, 1: -9}, 2)
+    assert code == 6 and line.startswith("process 1 of 2 was killed by SIGKILL")
+    assert verdict({0: lost, 1: stop}, {0: 6, 1: 130}, 2) == lost
+    assert verdict({0: stop, 1: stop}, {}, 2) == stop  # the launcher itself was stopped: no exits
+
+
+def test_sigterm_before_training_exits_130(tmp_path):
+    """SIGTERM outside the training loop (a worker still loading) ends the command like Ctrl-C,
+    exit 130 and one line, not Python's death by signal (-15)."""
+    code = ("import os, signal, time, typer\n"
+            "from finetune_cli.cli.common import handle_errors\n"
+            "@handle_errors\n"
+            "def cmd():\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(30)\n"
+            "typer.run(cmd)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "CI": "1"})
+    assert res.returncode == 130 and res.stderr.strip() == "error: interrupted", res.stderr
 
 
 def test_stop_requests_agree_and_escalate_only_in_one_process():

@@ -97,6 +97,27 @@ def test_split_across_processes_keeps_every_batch_whole():
     assert len(r0) == len(r1) and r0 + r1 and all(b in full for b in r0 + r1)
 
 
+@pytest.mark.parametrize("name", ["random", "length_grouped", "class_balanced"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_uneven_batches_are_padded_so_every_example_is_seen_once(name, world):
+    """41 examples in batches of 4 (11 batches) on 2 or 3 processes: every process gets ceil(11/N)
+    batches; the real ones are the one-process epoch's batches, each once (nothing dropped); the
+    rest are ``Padding`` copies of real batches, last on a rank and never on rank 0."""
+    from finetune_cli.data.sampling import Padding
+
+    lab = _labels((21, 20))
+    L = np.random.default_rng(0).integers(3, 30, len(lab))
+    full = epoch_batches(name, L, lab, 4, 7, 1)
+    assert full == SAMPLERS[name](L, lab, 4, 7, 1) and len(full) == 11  # one process: unchanged
+    ranks = [epoch_batches(name, L, lab, 4, 7, 1, rank=r, world=world) for r in range(world)]
+    assert {len(b) for b in ranks} == {-(-11 // world)}
+    real = [b for bs in ranks for b in bs if not isinstance(b, Padding)]
+    assert sorted(real) == sorted(full) and sorted(i for b in real for i in b) == list(range(41))
+    pads = [(r, k) for r, bs in enumerate(ranks) for k, b in enumerate(bs) if isinstance(b, Padding)]
+    assert len(pads) == -11 % world and all(r > 0 and k == len(ranks[r]) - 1 for r, k in pads)
+    assert all(list(ranks[r][k]) in full for r, k in pads)
+
+
 def _padded_tokens(batches, lengths):
     return sum(len(b) * int(lengths[b].max()) for b in batches)
 
