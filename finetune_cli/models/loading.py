@@ -26,8 +26,16 @@ from finetune_cli.models.text_model import HeadSpec, TextModel
 
 HEAD_WEIGHTS = "finetune_head.safetensors"
 HEAD_SPEC = "finetune_model.json"
-POOLED_MODEL_TYPE = "finetune-pooled-classifier"
-BASE_TYPE_KEY = "finetune_base_model_type"
+POOLED_ARCH = "FinetunePooledClassifier"
+POOLED_MODEL_TYPE = "finetune-pooled-classifier"  # folders of 0.2.0 hid their model_type behind it
+BASE_TYPE_KEY = "finetune_base_model_type"  # ... and kept it here
+# The error every transformers class (Auto or not, and `pipeline`) meets first on a pooled-head
+# folder: transformers reads `transformers_weights` before any weight and refuses a name that is
+# not a safetensors file, quoting it. finetune and the folder's sentence-transformers config
+# (`config_kwargs`) put the real file name back.
+POOLED_REFUSAL = (f"{POOLED_MODEL_TYPE}: no transformers class computes this folder's head (pooling + linear, in "
+                  f"finetune_head.safetensors), so transformers refuses it rather than load a random head; load "
+                  f"it with finetune or with sentence-transformers + the head as its README.md shows")
 
 
 def embedded_model_path() -> Path:
@@ -175,9 +183,10 @@ def load_config(path: str, revision: Optional[str] = None):
     from transformers import AutoConfig
 
     d = read_config_dict(path) if _is_local(path) else {}
-    if d.get("model_type") == POOLED_MODEL_TYPE:
-        d = {k: v for k, v in d.items() if k not in ("architectures", "transformers_version")}
-        return AutoConfig.for_model(d.pop(BASE_TYPE_KEY), **{k: v for k, v in d.items() if k != "model_type"})
+    if POOLED_ARCH in (d.get("architectures") or ()):
+        kind = d.get(BASE_TYPE_KEY) or d["model_type"]
+        return AutoConfig.for_model(kind, **{k: v for k, v in d.items() if k not in (
+            "architectures", "transformers_version", "transformers_weights", "model_type", BASE_TYPE_KEY)})
     try:
         return AutoConfig.from_pretrained(path, revision=revision)
     except (OSError, ValueError) as e:
@@ -376,9 +385,11 @@ def default_max_length(path: str, tokenizer) -> int:
     return int(min(limit, 512))
 
 
-def write_sentence_transformers_config(out: Path, pooling: str, dim: int, max_length: Optional[int]) -> None:
+def write_sentence_transformers_config(out: Path, pooling: str, dim: int, max_length: Optional[int],
+                                       pooled_head: bool = False) -> None:
     """``modules.json`` + ``1_Pooling/config.json`` so ``SentenceTransformer(out)`` embeds exactly as
-    ``finetune embed`` does (encoder -> pooling, no projection MLP, no normalisation)."""
+    ``finetune embed`` does (encoder -> pooling, no projection MLP, no normalisation). A pooled
+    head's folder gets them too (its body is what the head reads), with the weights' real name."""
     modes = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
     if pooling not in modes:  # `pooler` (BERT's tanh layer) has no sentence-transformers equivalent
         return
@@ -391,8 +402,10 @@ def write_sentence_transformers_config(out: Path, pooling: str, dim: int, max_le
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
     (out / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
-    (out / "sentence_bert_config.json").write_text(json.dumps(
-        {"max_seq_length": max_length or 512, "do_lower_case": False}, indent=2) + "\n")
+    st = {"max_seq_length": max_length or 512, "do_lower_case": False}
+    if pooled_head:
+        st["config_kwargs"] = {"transformers_weights": "model.safetensors"}
+    (out / "sentence_bert_config.json").write_text(json.dumps(st, indent=2) + "\n")
 
 
 def _set_labels(config, id2label: Optional[dict[int, str]], spec: HeadSpec) -> None:
@@ -405,14 +418,26 @@ def _set_labels(config, id2label: Optional[dict[int, str]], spec: HeadSpec) -> N
 
 
 def _hide_from_transformers(out: Path) -> None:
-    """Make every transformers Auto class refuse a pooled-classifier folder (loudly) instead of
-    loading it with a random head: its ``model_type`` is one transformers does not know."""
+    """Make every transformers class refuse a pooled-classifier folder with :data:`POOLED_REFUSAL`
+    instead of loading it with a random head (``BertForSequenceClassification.from_pretrained``
+    would, with a warning only)."""
     f = out / "config.json"
     d = json.loads(f.read_text())
-    d[BASE_TYPE_KEY] = d["model_type"]
-    d["model_type"] = POOLED_MODEL_TYPE
-    d["architectures"] = ["FinetunePooledClassifier"]
+    d["architectures"] = [POOLED_ARCH]
+    d["transformers_weights"] = POOLED_REFUSAL
     f.write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
+
+
+def _save_tokenizer(tokenizer, out: Path, max_length: Optional[int]) -> None:
+    """The tokenizer, saying the trained length (``model_max_length``): every loader that truncates
+    (``pipeline(..., truncation=True)``, ``tokenizer(..., truncation=True)``) then cuts where
+    training did, never past the position limit of the encoder."""
+    before = tokenizer.model_max_length
+    tokenizer.model_max_length = max_length or before
+    try:
+        tokenizer.save_pretrained(out)
+    finally:
+        tokenizer.model_max_length = before
 
 
 def save_text_model(model: TextModel, tokenizer, out_dir: str | Path,
@@ -437,19 +462,24 @@ def save_text_model(model: TextModel, tokenizer, out_dir: str | Path,
         _set_labels(enc.config, id2label, spec)
         enc.save_pretrained(out)
         if model.classifier is not None:
+            from finetune_cli.models.native import eval_weight
+
             _hide_from_transformers(out)
             head_state.update({f"classifier.{k}": v for k, v in model.classifier.state_dict().items()})
+            if spec.spectral_norm:  # the weight the head applies, for readers without finetune
+                head_state["classifier.out_proj.weight"] = eval_weight(model.classifier.out_proj)
     if model.projection is not None:
         head_state.update({f"projection.{k}": v for k, v in model.projection.state_dict().items()})
-    tokenizer.save_pretrained(out)
+    _save_tokenizer(tokenizer, out, max_length)
     if head_state:
         save_file({k: v.detach().cpu().contiguous() for k, v in head_state.items()}, str(out / HEAD_WEIGHTS))
     meta = spec.to_dict()
     if extra:
         meta.update(extra)
     (out / HEAD_SPEC).write_text(json.dumps(meta, indent=2) + "\n")
-    if not model.has_classifier:
-        write_sentence_transformers_config(out, spec.pooling, model.encoder.config.hidden_size, max_length)
+    if model.hf is None:
+        write_sentence_transformers_config(out, spec.pooling, model.encoder.config.hidden_size, max_length,
+                                           pooled_head=model.has_classifier)
     if card is not None:
         from finetune_cli.models.card import write_model_card
 

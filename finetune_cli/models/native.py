@@ -73,6 +73,17 @@ def add_spectral_norm(hf: nn.Module) -> None:
         nn.utils.parametrizations.spectral_norm(lin)
 
 
+def eval_weight(lin: nn.Linear) -> torch.Tensor:
+    """The weight a (spectrally normalised) linear map applies in eval mode: W / σ from the stored
+    power-iteration vectors, read without updating them (no side effect)."""
+    was = lin.training
+    lin.eval()
+    with torch.no_grad():
+        w = lin.weight.detach().cpu().clone().contiguous()
+    lin.train(was)
+    return w
+
+
 def folded_state_dict(hf: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """``(plain, extra)``: the transformers state dict with any spectral-norm parametrisation folded
     into a plain ``weight`` (the weight the model uses in eval mode: W / σ with the stored power-
@@ -87,12 +98,7 @@ def folded_state_dict(hf: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str,
         else:
             plain[k] = v.detach().cpu().contiguous()
     if extra:
-        lin = final_linear(hf)
-        was = lin.training
-        lin.eval()  # eval: σ from the stored vectors, no power-iteration update (no side effect)
-        with torch.no_grad():
-            w = lin.weight.detach().cpu().clone().contiguous()
-        lin.train(was)
+        w = eval_weight(final_linear(hf))
         prefix = next(k for k in extra if k.endswith(".original")).split(f".{SN_KEY}.")[0]
         plain[f"{prefix}.weight"] = w
     return plain, extra

@@ -112,6 +112,16 @@ def encoder_layers(encoder: nn.Module) -> nn.ModuleList:
     return max(found, key=len)
 
 
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """Recompute the encoder layers' activations in the backward pass (transformers' own
+    ``activation_checkpointing_enable``, non-reentrant: the RNG state is replayed, so dropout masks
+    and gradients are those of a plain backward pass). Raises ``ValueError`` for an encoder without it."""
+    enc = getattr(model, "encoder", model)
+    if not getattr(enc, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(enc).__name__} does not support gradient checkpointing")
+    enc.activation_checkpointing_enable({"use_reentrant": False})
+
+
 @torch.no_grad()
 def reinit_top_layers(encoder: nn.Module, k: int) -> None:
     """Re-initialise the top ``k`` transformer layers (and BERT's pooler, when there is one) with

@@ -30,6 +30,8 @@ The data contract is declared as class attributes, read by the pipelines and the
 
 from __future__ import annotations
 
+import inspect
+import re
 from typing import Any, ClassVar, Optional
 
 import torch
@@ -54,6 +56,19 @@ class Objective(nn.Module):
 
     def forward(self, model: nn.Module, batch: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover
         raise NotImplementedError
+
+    @classmethod
+    def describe(cls, problem_type: Optional[str] = None) -> dict[str, Any]:
+        """What a model card says about the loss trained for ``problem_type``: ``loss`` (one line),
+        ``paper`` (authors, title, venue, arXiv id), ``arxiv`` (the id) and ``unused`` (parameters
+        this loss does not read), from the class
+        docstring's summary paragraph and its ``Paper:`` paragraph. An objective whose loss depends on the
+        problem type (``ce``: MSE for regression) overrides this, in its own file."""
+        doc = inspect.cleandoc(cls.__doc__ or "")
+        para = " ".join(doc.split("Paper:", 1)[1].split("\n\n")[0].split()) if "Paper:" in doc else ""
+        m = re.search(r"arXiv (\d{4}\.\d{4,5})\)?", para)
+        return {"loss": " ".join(doc.split("\n\n")[0].split()) or cls.name, "paper": (para[:m.end()] if m else para) or None,
+                "arxiv": m.group(1) if m else None, "unused": ()}
 
     @classmethod
     def label_type_for(cls, problem_type: Optional[str]) -> Optional[str]:

@@ -46,6 +46,15 @@ class CrossEntropy(Objective):
         check_range("label_smoothing", label_smoothing, ge=0.0, lt=1.0)
         self.label_smoothing = label_smoothing
 
+    @classmethod
+    def describe(cls, problem_type=None):
+        """Regression and multi-label train transformers' losses for them, not cross-entropy."""
+        loss = {"regression": "Mean squared error of the single output (regression).",
+                "multi_label_classification": "Binary cross-entropy with logits, per label (multi-label)."}
+        if problem_type in loss:
+            return {"loss": loss[problem_type], "paper": None, "arxiv": None, "unused": ("label_smoothing",)}
+        return super().describe(problem_type)
+
     def forward(self, model, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         out = model(batch["features"][0])
         loss = task_loss(out.logits, batch["labels"], self.label_smoothing)

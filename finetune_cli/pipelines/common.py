@@ -4,6 +4,7 @@ a model card says about a run."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any, Optional
 
 from finetune_cli.data import EncodedData, TaskData, encode_table, load_task_data
 from finetune_cli.engine.evaluation import make_classifier_eval, make_similarity_eval
-from finetune_cli.pipelines.recipes import Plan, objective_summary
+from finetune_cli.pipelines.recipes import Plan
 from finetune_cli.recipe import Recipe
 
 
@@ -93,14 +94,37 @@ EVALUATORS: dict[str, Evaluator] = {
 }
 
 
+def training_log(run_dir: Path, upto: int, current: Optional[dict] = None) -> list[dict[str, Any]]:
+    """The rows of a model card's training log: one per evaluation up to step ``upto``, with the
+    latest training loss logged by then (``metrics.jsonl``, in the run folder), and the evaluation
+    at ``upto`` itself (``current``: ``best/`` is written before its evaluation is logged)."""
+    from finetune_cli.rundir import RunDir
+
+    f, rows, loss = RunDir(run_dir).metrics_file, [], None
+    for line in f.read_text(encoding="utf-8").splitlines() if f.is_file() else ():
+        rec = json.loads(line)
+        if rec.get("step", 0) > upto:
+            break
+        if "loss" in rec:
+            loss = rec["loss"]
+        if any(k.startswith("eval/") for k in rec):
+            rows.append({"step": rec["step"], "epoch": rec.get("epoch"), "train_loss": loss,
+                         **{k[5:]: v for k, v in rec.items() if k.startswith("eval/")}})
+    if current and (not rows or rows[-1]["step"] < upto):
+        rows.append({"step": upto, "epoch": None, "train_loss": loss, **current})
+    return rows
+
+
 def model_card_info(plan: Plan, data: TaskData, state) -> dict[str, Any]:
     """What a saved folder's model card says about the run (``models/card.py`` renders it)."""
     recipe = plan.recipe
-    return {"recipe": recipe.to_dict(), "objective": plan.objective_name, "params": dict(plan.params),
-            **objective_summary(plan),
+    step = state.step if state is not None else 0
+    loss = plan.objective_cls.describe(plan.problem_type)
+    return {"recipe": recipe.to_dict(), "objective": plan.objective_name, "loss": loss,
+            "params": {k: v for k, v in plan.params.items() if k not in loss["unused"]},
             "train_examples": len(data.train) if data.train is not None else 0,
             "eval_examples": len(data.eval) if data.eval is not None else 0, "labels": data.label_names,
-            "step": state.step if state is not None else 0,
-            "eval": dict(state.last_eval) if state is not None else {},
+            "step": step, "eval": dict(state.last_eval) if state is not None else {},
+            "log": training_log(plan.run_dir, step, state.last_eval if state is not None else None),
             "metric": recipe.train.metric, "best_metric": getattr(state, "best_metric", None),
             "best_step": getattr(state, "best_step", None)}

@@ -10,7 +10,6 @@ sampler. Below the pipelines nobody looks an objective up by name again (a test 
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,9 +184,3 @@ def load_any(path: str | Path, overrides: Sequence[str] = ()) -> Union[Recipe, P
         return validate_recipe(build_probe_recipe(data, src))
     return validate_recipe(build_recipe(data, src))
 
-
-def objective_summary(plan: Plan) -> dict[str, Optional[str]]:
-    """The objective docstring's first line and its ``Paper:`` paragraph (for model cards)."""
-    doc = typing.cast(str, plan.objective_cls.__doc__ or "")
-    paper = " ".join(doc.split("Paper:")[1].split("\n\n")[0].split()) if "Paper:" in doc else None
-    return {"summary": doc.strip().splitlines()[0] if doc.strip() else "", "paper": paper}

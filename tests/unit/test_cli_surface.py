@@ -108,6 +108,7 @@ QUIET_CASES: dict[tuple[str, ...], Callable[[Ctx], list[str]]] = {
     ("sweep",): lambda c: ["-r", "quickstart", *c.recipe("train.max_steps=2"), "--param", "train.lr=choice:1e-3,2e-3",
                            "--trials", "1", "--seeds", "1", "--out", str(c.tmp / "sw"), "--no-baseline",
                            "--device", "cpu"],
+    ("push",): lambda c: [c.run(), "me/tiny", "--dry-run"],
     ("probe", "sequential"): lambda c: ["-r", c.probe_recipe(), "--device", "cpu"],
     ("probe", "generalization"): lambda c: ["-r", c.probe_recipe(), "--source", "a", "--targets", "b",
                                             "--device", "cpu"],
