@@ -182,7 +182,7 @@ def _snippet(kind: str, path: str, problem: str, normalize: bool = False) -> str
     if kind == "embedding":
         return (f"```python\nfrom sentence_transformers import SentenceTransformer\n\n"
                 f"model = SentenceTransformer({path!r})\nemb = model.encode([\"A sentence.\", \"Another one.\"])\n```\n\n"
-                f"or `finetune embed {path} --input sentences.txt --output emb.npy`.\n")
+                f"or `finetune embed {path} sentences.txt --output emb.npy`.\n")
     if kind == "pooled":
         norm = "emb = torch.nn.functional.normalize(emb, dim=-1)\n" if normalize else ""
         return ("### Why transformers refuses this folder\n\n"

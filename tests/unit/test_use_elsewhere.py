@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -346,5 +347,11 @@ def test_embed_equals_sentence_transformers_on_a_simcse_run(tmp_path, tiny_model
     assert json.loads((folder / "sentence_bert_config.json").read_text())["max_seq_length"] == 32
     got = _embed(tmp_path / "runs" / "u", tmp_path)  # the long sentence is cut at 32 tokens, as ST does
     assert np.abs(got - _st_encode(folder)).max() < 1e-5
-    card = yaml.safe_load((folder / "README.md").read_text().split("---")[1])
+    text = (folder / "README.md").read_text()
+    card = yaml.safe_load(text.split("---")[1])
     assert card["library_name"] == "sentence-transformers"
+    # the card's finetune command runs as written (embed takes the file as an argument)
+    cmd = re.search(r"`finetune (embed [^`]+)`", text).group(1).split()
+    (tmp_path / "sentences.txt").write_text("one sentence\nanother\n")
+    res = runner.invoke(app, [a if not a.endswith((".txt", ".npy")) else str(tmp_path / a) for a in cmd] + ["--device", "cpu"])
+    assert res.exit_code == 0, res.output
