@@ -30,6 +30,7 @@ from finetune_cli.models.loading import (
     load_text_model,
     position_limit,
 )
+from finetune_cli.models.lora import lora_config, merge_lora
 
 _SHARD: ContextVar[Optional[Any]] = ContextVar("finetune_inference_shard", default=None)
 
@@ -193,5 +194,7 @@ def open_session(model_name: str, *, device: str = "auto", precision: str = "aut
         max_length = st.max_seq_length if st is not None and st.max_seq_length else default_max_length(path, tokenizer)
         max_length = min(max_length, position_limit(getattr(model, "encoder", model)) or max_length)
     check_max_length(model, max_length, length_key, path)
+    if lora_config(model) is not None:  # a LoRA adapter folder: folded in, it runs as fast as a full model
+        merge_lora(model)
     model.to(dev).eval()
     return InferenceSession(model, tokenizer, path, dev, prec, max_length, st)

@@ -81,6 +81,7 @@ class TrainResult:
     interrupted: bool = False
     device_name: str = ""  # e.g. "cuda:0 NVIDIA H100 80GB HBM3" or "cpu ×2 threads"
     gpu_mem_peak_gb: Optional[float] = None  # CUDA only
+    trainable_params: int = 0  # parameters the optimizer updates (LoRA: the adapters and the head)
 
 
 @dataclass
@@ -259,9 +260,13 @@ class Trainer:
             if self.evaluate_fn is None:
                 raise TrainingError("train.refit_head refits the head before each evaluation: give the run an "
                                     "evaluation set (data.eval_split or data.eval)")
-        if not any(p.requires_grad for p in model.parameters()):
+        params = list(model.parameters())
+        self.trainable = sum(p.numel() for p in params if p.requires_grad)
+        if not self.trainable:
             raise TrainingError("nothing to train: train.freeze_encoder is on and the model has no head "
                                 "(use a classification objective)")
+        total = sum(p.numel() for p in params)
+        self.ui.log(f"trainable parameters: {self.trainable:,} of {total:,} ({100 * self.trainable / total:.2f}%)")
 
     def _build_optimizer(self, model) -> torch.optim.Optimizer:
         """AdamW over the parameter groups of :func:`_param_groups`."""
@@ -662,4 +667,5 @@ class Trainer:
         sps = st.samples_seen / st.train_seconds if st.train_seconds > 0 else 0.0
         mem = device_info.memory(self.acc.device)
         return TrainResult(st, self.total_steps, str(self.acc.device), self.acc.mixed_precision, sps,
-                           device_name=self.device_name, gpu_mem_peak_gb=mem["gpu_mem_peak_gb"] if mem else None)
+                           device_name=self.device_name, gpu_mem_peak_gb=mem["gpu_mem_peak_gb"] if mem else None,
+                           trainable_params=self.trainable)
