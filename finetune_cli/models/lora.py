@@ -39,7 +39,8 @@ def require_peft(what: str):
 def adapter_target(model) -> nn.Module:
     """The module the adapters are injected into: the native classifier (so adapter and head keys
     are those of ``AutoModelForSequenceClassification``), else the bare encoder."""
-    return model.hf if model.hf is not None else model.encoder
+    hf = getattr(model, "hf", None)
+    return hf if hf is not None else getattr(model, "encoder", model)
 
 
 def lora_config(model) -> Optional[Any]:
