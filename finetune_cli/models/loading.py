@@ -49,7 +49,7 @@ def resolve_model(name: str) -> tuple[str, bool]:
             if found is not None:
                 return str(found), True
             raise ModelError(f"run directory {p} holds no saved model yet (no best/, final/ or checkpoint-*/)")
-        if not (p / "config.json").is_file():
+        if not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
             raise ModelError(f"model folder {p} has no config.json: not a Hugging Face model folder")
         return str(p), True
     # `runs/simcse_unsup` is a local path when `runs/` exists here: no hub id has a local first part
@@ -288,9 +288,11 @@ def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Option
     """
     path, is_local = resolve_model(name)
     rev = None if is_local else revision
-    config = load_config(path, rev)  # first: a damaged config.json is named as such, not as a tokenizer error
-    tokenizer = load_tokenizer(path, rev)
     adapter = _adapter_base(path) if is_local else None
+    # An embedding adapter has no config.json of its own: its base's.
+    own = adapter is None or (Path(path) / "config.json").is_file()
+    config = load_config(path, rev) if own else load_config(adapter[0], adapter[1])
+    tokenizer = load_tokenizer(path, rev)
     saved = read_head_spec(path) if is_local else None
     given = spec is not None
     if spec is None:

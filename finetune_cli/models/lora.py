@@ -91,14 +91,17 @@ def adapter_state(model, plain: Optional[dict] = None) -> dict:
 
 
 def save_adapter(model, out: Path, plain: Optional[dict] = None) -> None:
-    """``adapter_config.json`` + ``adapter_model.safetensors`` + ``config.json`` of ``model`` in ``out``."""
+    """``adapter_config.json`` + ``adapter_model.safetensors`` (+ ``config.json`` for a classifier) in ``out``."""
     from safetensors.torch import save_file
 
     target = adapter_target(model)
     save_file(adapter_state(model, plain), str(out / ADAPTER_WEIGHTS))
     lora_config(model).save_pretrained(str(out))
-    target.config.architectures = [type(target).__name__]
-    target.config.save_pretrained(out)
+    if model.has_classifier:  # the labels; an embedding folder has none, so that transformers and
+        # sentence-transformers take the base's config from the adapter (a config.json here would
+        # make them look for the full weights here)
+        target.config.architectures = [type(target).__name__]
+        target.config.save_pretrained(out)
 
 
 def read_adapter_config(path: str | Path):

@@ -70,6 +70,8 @@ def run_export(model_name: str, output: str, ui, *, fmt: str = "transformers", m
     with atomic_dir(out) as tmp:
         if fmt == "onnx":
             copy_folder_files(Path(sess.path), tmp)
+            if not (tmp / "config.json").is_file():  # an embedding adapter's config is its base's
+                model.config.save_pretrained(tmp)
             sample = sess.encode_texts(["An example sentence to trace.", "Another one, a little longer."])
             from finetune_cli.data.encode import collate
 
