@@ -3,8 +3,9 @@ onnxruntime against torch for ``finetune predict`` (sentences/s), on the embedde
 
 Speed: both sides of a comparison run in this one process, interleaved (full, LoRA, full, ...; torch,
 ONNX, torch, ...), so they share the clock and the machine's load; medians with min-max over the
-repeats. Memory: each training side runs a few steps in a forked child, which reports its own peak
-RSS (``ru_maxrss``) and the part of it above the RSS before the model was built.
+repeats. Memory: each training side runs a few steps in a fresh child process, which reports its
+peak RSS during those steps (``VmHWM``, reset once the model is built) and its rise over the RSS of
+the built model (gradients, optimizer state, activations).
 
     python bench/lora_export.py [--repeats 5] [--steps 6] [--rows 512] [--threads 2]
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -76,28 +76,31 @@ def train_speed(sides: dict, steps: int) -> dict[str, float]:
     return out
 
 
-def peak_rss(side: str, steps: int) -> tuple[float, float]:
-    """(peak RSS MiB, MiB above the RSS before building) of a forked child training ``side``."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: build, train, report
-        os.close(r)
-        before = _rss_now()
-        sides = build(side)
-        for _ in range(steps):
-            step(*sides)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        os.write(w, f"{peak} {peak - before}".encode())
-        os._exit(0)
-    os.close(w)
-    data = os.read(r, 100).decode().split()
-    os.waitpid(pid, 0)
-    return float(data[0]), float(data[1])
+def peak_rss(side: str, steps: int, threads: int) -> tuple[float, float]:
+    """(peak RSS MiB, MiB above the built model's RSS) while a fresh process trains ``side``
+    (a child process: a fork of this one would inherit its memory and torch's thread pools)."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, __file__, "--child", side, "--steps", str(steps), "--threads", str(threads)],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return float(out[-2]), float(out[-1])
 
 
-def _rss_now() -> float:
+def child(side: str, steps: int) -> None:
+    """Prints the peak RSS of the training steps alone (the high-water mark is reset after the model is
+    built: loading has its own, equal, peak) and its rise over the RSS of the built model."""
+    sides = build(side)
+    built = _status("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # Linux: reset VmHWM to the current RSS
+    for _ in range(steps):
+        step(*sides)
+    peak = _status("VmHWM")
+    print(peak, peak - built)
+
+
+def _status(key: str) -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{key}:"):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -124,8 +127,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--rows", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--child", choices=("full", "lora"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.child:
+        return child(a.child, a.steps)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {a.threads} threads, repeats {a.repeats}")
 
@@ -142,8 +148,8 @@ def main() -> None:
     print(f"train lora / full: {statistics.median(speeds['lora']) / statistics.median(speeds['full']):.2f}x")
     del sides
     for side in ("full", "lora"):
-        peaks = [peak_rss(side, 3) for _ in range(max(1, a.repeats // 2))]
-        print(summary(f"peak RSS {side}", [p for p, _ in peaks], "MiB") + "; above start: "
+        peaks = [peak_rss(side, 2, a.threads) for _ in range(max(1, a.repeats // 2))]
+        print(summary(f"peak RSS {side}", [p for p, _ in peaks], "MiB") + "; above the built model: "
               + f"{statistics.median([d for _, d in peaks]):.0f} MiB")
 
     from finetune_cli.pipelines.export import run_export
