@@ -46,6 +46,19 @@ def field_spec(default: Any = dataclasses.MISSING, *, choices: Sequence[Any] | N
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters (LoRA, via `peft`) instead of full fine-tuning: the encoder's weights stay
+    frozen, rank-`r` updates are trained beside the `target_modules`, and the head is always trained."""
+
+    r: int = field_spec(8, gt=0, help="rank of each low-rank update")
+    alpha: float = field_spec(16.0, gt=0, help="scale of the update (alpha / r multiplies it)")
+    dropout: float = field_spec(0.1, ge=0.0, lt=1.0, help="dropout on the adapters' input")
+    target_modules: Optional[list[str]] = field_spec(None, help="names of the linear layers that get an adapter "
+                                                     "(e.g. [query, key, value, dense]); null = peft's default "
+                                                     "for the architecture (query and value for BERT/RoBERTa)")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Which encoder to fine-tune and how sentences become vectors."""
 
@@ -63,6 +76,8 @@ class ModelConfig:
     head_normalize: bool = field_spec(False, help="pooled head only: L2-normalise the pooled embedding before dropout -> linear (the unit-sphere features a contrastive term shapes and SetFit's head reads)")
     problem_type: str = field_spec("auto", choices=("auto", "single_label_classification", "regression", "multi_label_classification"), help="as transformers' config.problem_type; auto: multi-label when data.label_separator is set, regression for a regression GLUE task (glue:stsb), else single-label")
     threshold: float = field_spec(0.5, gt=0.0, lt=1.0, help="multi-label: a label is predicted when its sigmoid probability >= threshold")
+    lora: Optional[LoraConfig] = field_spec(None, help="train low-rank adapters instead of every weight; the "
+                                            "saved folders are peft adapter folders (pip install 'finetune-cli[lora]')")
 
 
 @dataclass(frozen=True)
@@ -534,11 +549,29 @@ def _cross_checks(r: Recipe) -> None:
         raise RecipeError(f"`model.head_normalize` in {src} applies to the pooled head only; set model.head=pooled "
                           f"(the native head is the architecture's own and reads the [CLS] state)")
     _check_trackers(r.train.report_to, src)
+    _check_lora(r, src)
     try:
         codecs.lookup(d.encoding)
     except LookupError:
         raise RecipeError(f"`data.encoding` in {src} is `{d.encoding}`, not a text encoding Python knows "
                           f"(e.g. utf-8, latin-1, cp1252)") from None
+
+
+def _check_lora(r: Recipe, src: str) -> None:
+    """LoRA trains adapters over the saved base weights: nothing may change those weights, and peft
+    must be there (checked before any model loads)."""
+    import importlib.util
+
+    if r.model.lora is None:
+        return
+    if r.model.reinit_layers:
+        raise RecipeError(f"`model.reinit_layers` and `model.lora` in {src} are exclusive: an adapter is saved "
+                          f"over the base model's own weights, which re-initialised layers are not")
+    if r.train.freeze_encoder:
+        raise RecipeError(f"`train.freeze_encoder` and `model.lora` in {src} are exclusive: the adapters are in "
+                          f"the encoder; drop model.lora to train the head alone")
+    if importlib.util.find_spec("peft") is None:
+        raise RecipeError(f"`model.lora` in {src} needs peft, which is not installed: pip install 'finetune-cli[lora]'")
 
 
 def _check_trackers(names: Sequence[str], src: str) -> None:

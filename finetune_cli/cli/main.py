@@ -16,6 +16,7 @@ from finetune_cli.cli.augment import augment
 from finetune_cli.cli.common import one_line, set_debug
 from finetune_cli.cli.embed import embed_cmd
 from finetune_cli.cli.eval import eval_cmd
+from finetune_cli.cli.export import export_cmd
 from finetune_cli.cli.literal_help import LiteralHelpCommand, LiteralHelpGroup
 from finetune_cli.cli.predict import predict_cmd
 from finetune_cli.cli.push import push_cmd
@@ -105,6 +106,7 @@ app.command("eval", cls=LiteralHelpCommand)(eval_cmd)
 app.command("augment", cls=LiteralHelpCommand)(augment)
 app.command("embed", cls=LiteralHelpCommand)(embed_cmd)
 app.command("predict", cls=LiteralHelpCommand)(predict_cmd)
+app.command("export", cls=LiteralHelpCommand)(export_cmd)
 app.command("push", cls=LiteralHelpCommand)(push_cmd)
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(probe.app, name="probe")

@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -23,6 +24,7 @@ from finetune_cli.data.encode import EncodedData, collate, encode_table, to_devi
 from finetune_cli.data.sampling import sorted_batches
 from finetune_cli.data.sources import Table
 from finetune_cli.engine.device import autocast_dtype, resolve_device, resolve_precision
+from finetune_cli.errors import DeviceError
 from finetune_cli.models.loading import (
     check_max_length,
     default_max_length,
@@ -30,6 +32,8 @@ from finetune_cli.models.loading import (
     load_text_model,
     position_limit,
 )
+from finetune_cli.models.lora import lora_config, merge_lora
+from finetune_cli.models.onnx import is_onnx_folder, load_onnx_folder
 
 _SHARD: ContextVar[Optional[Any]] = ContextVar("finetune_inference_shard", default=None)
 
@@ -174,7 +178,8 @@ class _Offset:
 
 def open_session(model_name: str, *, device: str = "auto", precision: str = "auto", max_length: Optional[int] = None,
                  length_key: str = "--max-length", embedding: bool = False) -> InferenceSession:
-    """Load ``model_name`` (run directory, model folder, ``embedded`` or hub id) for inference.
+    """Load ``model_name`` (run directory, model folder, LoRA adapter folder (its adapters folded in),
+    ONNX folder (run in onnxruntime), ``embedded`` or hub id) for inference.
 
     ``device``/``precision`` are resolved first (a bad one fails before any loading). ``max_length``
     None is what the folder says (a sentence-transformers folder's ``max_seq_length``, else the
@@ -185,7 +190,13 @@ def open_session(model_name: str, *, device: str = "auto", precision: str = "aut
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
     st = None
-    if embedding:
+    if Path(model_name).is_dir() and is_onnx_folder(model_name):  # an exported graph, run in onnxruntime
+        if precision not in ("auto", "fp32"):
+            raise DeviceError(f"--precision {precision}: an ONNX folder runs in the precision it was exported in (fp32)")
+        dev = torch.device("cpu") if device == "auto" else dev  # onnxruntime's CUDA provider: --device cuda
+        model, tokenizer, path, st = load_onnx_folder(model_name, dev, embedding)
+        prec = "fp32"
+    elif embedding:
         model, tokenizer, path, st = load_embedding_model(model_name)
     else:
         model, tokenizer, path = load_text_model(model_name)
@@ -193,5 +204,7 @@ def open_session(model_name: str, *, device: str = "auto", precision: str = "aut
         max_length = st.max_seq_length if st is not None and st.max_seq_length else default_max_length(path, tokenizer)
         max_length = min(max_length, position_limit(getattr(model, "encoder", model)) or max_length)
     check_max_length(model, max_length, length_key, path)
+    if lora_config(model) is not None:  # a LoRA adapter folder: folded in, it runs as fast as a full model
+        merge_lora(model)
     model.to(dev).eval()
     return InferenceSession(model, tokenizer, path, dev, prec, max_length, st)

@@ -86,6 +86,7 @@ class TrainResult:
     device_name: str = ""  # e.g. "cuda:0 NVIDIA H100 80GB HBM3" or "cpu ×2 threads"
     gpu_mem_peak_gb: Optional[float] = None  # CUDA only
     num_processes: int = 1
+    trainable_params: int = 0  # parameters the optimizer updates (LoRA: the adapters and the head)
 
 
 @dataclass
@@ -298,9 +299,13 @@ class Trainer:
             if self.evaluate_fn is None:
                 raise TrainingError("train.refit_head refits the head before each evaluation: give the run an "
                                     "evaluation set (data.eval_split or data.eval)")
-        if not any(p.requires_grad for p in model.parameters()):
+        params = list(model.parameters())
+        self.trainable = sum(p.numel() for p in params if p.requires_grad)
+        if not self.trainable:
             raise TrainingError("nothing to train: train.freeze_encoder is on and the model has no head "
                                 "(use a classification objective)")
+        total = sum(p.numel() for p in params)
+        self.ui.log(f"trainable parameters: {self.trainable:,} of {total:,} ({100 * self.trainable / total:.2f}%)")
 
     def _setup_compile(self, model) -> None:
         """``train.compile``: compile the encoder and set the batch widths it will see."""
@@ -697,4 +702,4 @@ class Trainer:
         mem = device_info.memory(self.acc.device)
         return TrainResult(st, self.total_steps, str(self.acc.device), self.acc.mixed_precision, sps,
                            device_name=self.device_name, gpu_mem_peak_gb=mem["gpu_mem_peak_gb"] if mem else None,
-                           num_processes=self.world)
+                           num_processes=self.world, trainable_params=self.trainable)

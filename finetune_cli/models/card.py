@@ -100,12 +100,14 @@ def card_data(out: Path, model, info: dict[str, Any]):
     dataset = _dataset(d)
     tags = ["finetune", info.get("objective", "?")] + (["sentence-transformers"] if kind == "embedding" else [])
     tags += [model.spec.problem_type.replace("_", "-")] if model.has_classifier else []
+    tags += ["peft", "lora"] if m.get("lora") else []
     p = Path(display_path(out))  # `runs/sst2/best` is `sst2-best`
     return ModelCardData(
         model_name=f"{p.parent.name}-{p.name}" if p.name in ("best", "final") or p.name.startswith("checkpoint-")
         else p.name,
         base_model=hub_base_model(str(m.get("name", ""))),
-        library_name={"embedding": "sentence-transformers", "native": "transformers"}.get(kind, "finetune"),
+        library_name="peft" if m.get("lora") else {"embedding": "sentence-transformers", "native": "transformers"
+                                                     }.get(kind, "finetune"),
         pipeline_tag="sentence-similarity" if kind == "embedding" else "text-classification",
         license=base.get("license"), language=base.get("language"), tags=tags,
         datasets=[dataset[0]] if d.get("dataset") else None, metrics=list(info.get("eval") or {}) or None,
@@ -122,6 +124,10 @@ def _intro(path: str, info: dict[str, Any], base_name: str) -> list[str]:
     lines = [f"# {path}", "", f"Fine-tuned from {base} with [finetune](https://pypi.org/project/finetune-cli/), "
              f"objective `{info.get('objective', '?')}`.", "", "## Objective", "", loss.get("loss") or "", ""]
     lines += [f"Paper: {paper}.", ""] if paper else []
+    if (info.get("recipe", {}).get("model") or {}).get("lora"):
+        lines += ["This folder is a LoRA adapter (peft) over the base model: load it with peft "
+                  "(`AutoPeftModelForSequenceClassification`, or `SentenceTransformer` for an embedding model), "
+                  f"or fold it into a plain folder with `finetune export {path} --merge -o merged`.", ""]
     params = info.get("params") or {}
     if params:
         lines += ["| hyper-parameter | value |", "|---|---|"] + [f"| `{k}` | {v} |" for k, v in params.items()] + [""]

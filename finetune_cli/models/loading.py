@@ -57,7 +57,7 @@ def resolve_model(name: str) -> tuple[str, bool]:
             if found is not None:
                 return str(found), True
             raise ModelError(f"run directory {p} holds no saved model yet (no best/, final/ or checkpoint-*/)")
-        if not (p / "config.json").is_file():
+        if not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
             raise ModelError(f"model folder {p} has no config.json: not a Hugging Face model folder")
         return str(p), True
     # `runs/simcse_unsup` is a local path when `runs/` exists here: no hub id has a local first part
@@ -297,7 +297,10 @@ def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Option
     """
     path, is_local = resolve_model(name)
     rev = None if is_local else revision
-    config = load_config(path, rev)  # first: a damaged config.json is named as such, not as a tokenizer error
+    adapter = _adapter_base(path) if is_local else None
+    # An embedding adapter has no config.json of its own: its base's.
+    own = adapter is None or (Path(path) / "config.json").is_file()
+    config = load_config(path, rev) if own else load_config(adapter[0], adapter[1])
     tokenizer = load_tokenizer(path, rev)
     saved = read_head_spec(path) if is_local else None
     given = spec is not None
@@ -308,7 +311,13 @@ def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Option
         spec.num_labels, spec.spectral_norm, spec.head, spec.normalize)
     new_head = given and not (same_head or (saved is None and is_sequence_classifier(config)
                                             and spec_from_config(config).num_labels == spec.num_labels))
-    model = _build(path, rev, config, spec, new_head=new_head and spec.num_labels > 0)
+    if adapter is not None:  # the frozen weights from the base model, the head and adapters from here
+        from finetune_cli.models.lora import load_adapter
+
+        model = _build(adapter[0], adapter[1], config, spec, new_head=spec.num_labels > 0)
+        load_adapter(model, path, adapter[2])
+    else:
+        model = _build(path, rev, config, spec, new_head=new_head and spec.num_labels > 0)
     hw = Path(path) / HEAD_WEIGHTS
     if saved is not None and hw.is_file():
         try:
@@ -322,6 +331,20 @@ def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Option
         own = model.state_dict()
         model.load_state_dict({k: v for k, v in keep.items() if k in own and own[k].shape == v.shape}, strict=False)
     return model, tokenizer, path
+
+
+def _adapter_base(path: str) -> Optional[tuple[str, Optional[str], object]]:
+    """For a LoRA adapter folder: ``(base path or hub id, its revision, the adapter's LoraConfig)``."""
+    from finetune_cli.models.lora import is_adapter_folder, read_adapter_config
+
+    if not is_adapter_folder(path):
+        return None
+    cfg = read_adapter_config(path)
+    try:
+        base, base_local = resolve_model(cfg.base_model_name_or_path)
+    except ModelError as e:
+        raise ModelError(f"cannot load the LoRA adapter in {path}: its base model: {e}") from None
+    return base, None if base_local else cfg.revision, cfg
 
 
 def load_embedding_model(name: str, revision: Optional[str] = None):
@@ -340,12 +363,19 @@ def load_embedding_model(name: str, revision: Optional[str] = None):
 
 
 def build_text_model(name: str, make_spec, revision: Optional[str] = None, dropout: Optional[float] = None,
-                     before_heads=None, reinit_layers: int = 0):
+                     before_heads=None, reinit_layers: int = 0, lora=None):
     """A fresh model for training: the encoder at ``name`` (its own dropout unless ``dropout``, its
     top ``reinit_layers`` layers re-initialised) and new heads from ``make_spec(encoder_hidden_dropout)
     -> HeadSpec``. ``before_heads()`` runs just before the heads (and the re-initialised layers) are
-    initialised (the trainer seeds there). Returns ``(TextModel, tokenizer)``."""
+    initialised (the trainer seeds there). ``lora`` (the recipe's ``model.lora``): fresh adapters
+    over the frozen encoder. Returns ``(TextModel, tokenizer)``."""
     path, is_local = resolve_model(name)
+    if lora is not None and is_local:
+        from finetune_cli.models.lora import is_adapter_folder
+
+        if is_adapter_folder(path):
+            raise ModelError(f"model.lora: {name} is a LoRA adapter folder; train adapters over a plain model "
+                             f"(merge this one first: finetune export {name} --merge -o DIR)")
     rev = None if is_local else revision
     config = load_config(path, rev)  # first: a damaged config.json is named as such, not as a tokenizer error
     tokenizer = load_tokenizer(path, rev)
@@ -370,6 +400,11 @@ def build_text_model(name: str, make_spec, revision: Optional[str] = None, dropo
             raise ModelError(f"model.reinit_layers: {e} ({name})") from None
     if not native:
         model = TextModel(model.encoder, spec)  # heads initialised after seeding
+    if lora is not None:
+        from finetune_cli.models.lora import add_lora
+
+        add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules,
+                 str(Path(path).resolve()) if is_local else path, rev)
     return model, tokenizer
 
 
@@ -450,17 +485,26 @@ def save_text_model(model: TextModel, tokenizer, out_dir: str | Path,
     _quiet_transformers()
     spec = model.spec
     head_state: dict = {}
+    from finetune_cli.models.lora import lora_config, save_adapter
+
+    adapter = lora_config(model) is not None
     if model.hf is not None:
         from finetune_cli.models.native import folded_state_dict
 
         _set_labels(model.hf.config, id2label, spec)
         plain, sn = folded_state_dict(model.hf)
-        model.hf.save_pretrained(out, state_dict=plain)
+        if adapter:
+            save_adapter(model, out, plain)
+        else:
+            model.hf.save_pretrained(out, state_dict=plain)
         head_state.update({f"hf.{k}": v for k, v in sn.items()})
     else:
         enc = model.encoder
         _set_labels(enc.config, id2label, spec)
-        enc.save_pretrained(out)
+        if adapter:
+            save_adapter(model, out)
+        else:
+            enc.save_pretrained(out)
         if model.classifier is not None:
             from finetune_cli.models.native import eval_weight
 

@@ -40,6 +40,15 @@ def head_family(hf: nn.Module) -> Optional[str]:
     return None
 
 
+def head_module_names(hf: nn.Module) -> list[str]:
+    """The modules of the native head, named as in ``hf.named_modules()``: every child of ``hf`` with
+    weights beside the encoder, and the encoder's pooler where the head reads it (BERT-like). What
+    LoRA trains in full and saves as peft's ``modules_to_save``."""
+    base = hf.base_model_prefix
+    names = [n for n, m in hf.named_children() if n != base and any(True for _ in m.parameters())]
+    return [f"{base}.pooler", *names] if head_family(hf) == "bert" else names
+
+
 def _unknown(hf: nn.Module, what: str) -> ModelError:
     return ModelError(f"{what} needs to know the classification head of {type(hf).__name__}, which finetune "
                       f"supports for BERT-like and RoBERTa-like models only; set model.head=pooled")

@@ -132,7 +132,7 @@ def _setup_model(plan: Plan, ck: Optional[Path], data: TaskData, ui):
         model, tokenizer = build_text_model(
             m.name, lambda enc_dropout: plan.head_spec(data.num_labels, enc_dropout), revision=m.revision,
             dropout=m.dropout, before_heads=lambda: seed_everything(plan.recipe.train.seed),
-            reinit_layers=m.reinit_layers)
+            reinit_layers=m.reinit_layers, lora=m.lora)
     check_max_length(model, m.max_length, "model.max_length", m.name)
     return model, tokenizer
 
@@ -188,6 +188,7 @@ def _summary(plan: Plan, run: RunDir, data: TaskData, result, evaluated: bool) -
         "steps": st.step, "total_steps": result.total_steps, "epochs_done": st.epoch,
         "train_examples": len(data.train), "eval_examples": len(data.eval) if data.eval is not None else 0,
         "samples_per_second": round(result.samples_per_second, 2), "train_seconds": round(st.train_seconds, 2),
+        "trainable_params": result.trainable_params,
         "device": result.device, "device_name": result.device_name, "gpu_mem_peak_gb": result.gpu_mem_peak_gb,
         "precision": result.precision, "metric": recipe.train.metric if evaluated else None,
         "best_metric": st.best_metric, "best_step": st.best_step, "final_eval": st.last_eval,

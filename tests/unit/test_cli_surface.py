@@ -103,6 +103,7 @@ QUIET_CASES: dict[tuple[str, ...], Callable[[Ctx], list[str]]] = {
                              "--device", "cpu"],
     ("embed",): lambda c: [c.run(), c.data["eval"], "-o", str(c.tmp / "emb.npy"), "-c", "sentence",
                            "--device", "cpu"],
+    ("export",): lambda c: [c.run(), "--format", "onnx", "-o", str(c.tmp / "onnx"), "--overwrite"],
     ("augment",): lambda c: ["-i", c.data["train"], "-o", str(c.tmp / "noisy.tsv"), "--delete-words", "0.2",
                              "--overwrite"],
     ("sweep",): lambda c: ["-r", "quickstart", *c.recipe("train.max_steps=2"), "--param", "train.lr=choice:1e-3,2e-3",

@@ -1,0 +1,34 @@
+"""``finetune export``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from finetune_cli.cli.common import JsonOpt, QuietOpt, emit_json, handle_errors
+from finetune_cli.ui import UI
+
+
+@handle_errors
+def export_cmd(
+    model: Annotated[str, typer.Argument(help="Run directory or saved model folder (a LoRA adapter folder too).")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Folder to write.")],
+    format: Annotated[str, typer.Option("--format", "-f", help="transformers (with --merge) or onnx.")] = "transformers",
+    merge: Annotated[bool, typer.Option("--merge", help="Fold a LoRA adapter into the weights: a plain "
+                                                        "transformers / sentence-transformers folder.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty output folder.")] = False,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Export a model: a LoRA adapter merged into a plain transformers folder (--merge), or any
+    classifier or embedding model as ONNX (--format onnx, dynamic batch and length) that
+    `finetune predict`, `eval` and `embed` run in onnxruntime."""
+    from finetune_cli.pipelines.export import run_export
+
+    ui = UI(quiet=quiet)
+    res = run_export(model, output, ui, fmt=format, merge=merge, overwrite=overwrite)
+    if json_out:
+        emit_json(res.to_dict())
+    else:
+        ui.print(f"wrote {res.output} ({res.format}: {', '.join(res.outputs)})")

@@ -1,0 +1,85 @@
+"""``finetune export``: a model folder, as another kind of folder.
+
+- ``--merge``: a LoRA adapter folder -> a plain transformers (or sentence-transformers) folder, the
+  adapters folded into the weights (the same logits, to float rounding).
+- ``--format onnx``: any classifier or embedding model (a LoRA one merged first) -> an ONNX folder
+  (``models/onnx.py``) that ``predict``, ``eval`` and ``embed`` run in onnxruntime.
+
+The model is loaded through the inference session, as ``predict`` loads it; the output folder is
+written aside and renamed into place (an interrupted export leaves nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from finetune_cli.engine.inference import open_session
+from finetune_cli.errors import ModelError, OutputError
+from finetune_cli.fsutil import atomic_dir
+from finetune_cli.models.loading import HEAD_SPEC, default_max_length, save_text_model
+from finetune_cli.models.lora import is_adapter_folder
+from finetune_cli.models.onnx import copy_folder_files, export_onnx, require_onnx
+
+FORMATS = ("transformers", "onnx")
+
+
+@dataclass
+class ExportResult:
+    model: str
+    output: str
+    format: str
+    merged: bool  # LoRA adapters folded into the weights
+    outputs: list[str]  # what the model computes: logits and/or embeddings
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_output(output: str, overwrite: bool) -> Path:
+    out = Path(output)
+    if out.is_file():
+        raise OutputError(f"output {out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise OutputError(f"output folder {out} is not empty; pass --overwrite to replace it")
+    return out
+
+
+def run_export(model_name: str, output: str, ui, *, fmt: str = "transformers", merge: bool = False,
+               overwrite: bool = False) -> ExportResult:
+    if fmt not in FORMATS:
+        raise ModelError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
+    if fmt == "onnx":
+        require_onnx("--format onnx", exporter=True)  # before the model loads
+    elif not merge:
+        raise ModelError("--format transformers writes a merged LoRA adapter: pass --merge (or --format onnx)")
+    out = _check_output(output, overwrite)
+    t0 = time.perf_counter()
+    sess = open_session(model_name, device="cpu", precision="fp32", embedding=True)
+    adapter = is_adapter_folder(sess.path)
+    if merge and not adapter:
+        raise ModelError(f"--merge: {sess.path} is not a LoRA adapter folder (no adapter_config.json); "
+                         f"it is a plain model folder already")
+    model = sess.model
+    outputs = ["logits", "embeddings"] if model.has_classifier else ["embeddings"]
+    with atomic_dir(out) as tmp:
+        if fmt == "onnx":
+            copy_folder_files(Path(sess.path), tmp)
+            if not (tmp / "config.json").is_file():  # an embedding adapter's config is its base's
+                model.config.save_pretrained(tmp)
+            sample = sess.encode_texts(["An example sentence to trace.", "Another one, a little longer."])
+            from finetune_cli.data.encode import collate
+
+            outputs = export_onnx(model, collate(sample, [0, 1], sess.pad_id)["features"][0], tmp)
+        else:
+            meta = json.loads((Path(sess.path) / HEAD_SPEC).read_text()) if (Path(sess.path) / HEAD_SPEC).is_file() else {}
+            save_text_model(model, sess.tokenizer, tmp, id2label=getattr(model.config, "id2label", None),
+                            extra=meta, max_length=default_max_length(sess.path, sess.tokenizer))
+    secs = time.perf_counter() - t0
+    ui.log(f"{sess.path} -> {out} ({fmt}{', adapters merged' if adapter else ''}, {secs:.1f}s)")
+    return ExportResult(sess.path, str(out), fmt, adapter, outputs, round(secs, 3))
