@@ -23,7 +23,8 @@ EXIT_CODES: dict[int, str] = {
     2: "bad input: usage, recipe, data, model, device or run directory",
     3: "training cannot go on (non-finite loss, unsupported precision)",
     4: "a quality gate (--expect) failed: the metric missed its bound",
-    5: "cannot write an output or read a file (path is a file, read-only, disk full)",
+    5: "cannot write an output or read a file (path is a file, read-only, disk full), "
+       "or `finetune push` cannot reach the Hub",
     6: "a process of a multi-process run was lost (killed, out of memory); rerun to resume",
     130: "interrupted (Ctrl-C / SIGTERM); rerun the same command to resume",
 }
