@@ -236,7 +236,7 @@ def cpu_seconds() -> float:
 
 # ---- running ---------------------------------------------------------------------------------------
 
-def run_row(args, plan, task: str, n: int, label: str, seeds, ui) -> dict[int, dict]:
+def run_row(args, plan, task: str, n: int, label: str, seeds, ui, test: Path) -> dict[int, dict]:
     """Train (or reuse) and test every seed of one fine-tuning row; the per-seed records."""
     from finetune_cli.pipelines.evaluate import eval_plan, run_eval
     from finetune_cli.pipelines.multiseed import run_seeds
@@ -245,7 +245,7 @@ def run_row(args, plan, task: str, n: int, label: str, seeds, ui) -> dict[int, d
     row_dir = Path(args.out) / task / f"n{n}" / label
     cost_file = row_dir / "cost.json"
     cost = json.loads(cost_file.read_text()) if cost_file.is_file() else {}
-    test = str(Path(args.out) / task / "data" / "test.jsonl")
+    test = str(test)
     recs = {}
     for seed in seeds:
         if args.report_only and not (str(seed) in cost and (row_dir / f"seed-{seed}" / EVAL_FILE).is_file()):
@@ -292,7 +292,7 @@ def run_task(args, task: str, shots, seeds, objectives, anchors, ui, say, hyper)
             hyper[label] = {"recipe": recipe_name(name), "objective": plan.recipe.objective.name,
                             **dict(plan.recipe.objective.params), "schedule": schedule_text(t)}
             say(f"== {task} · N={n} · {label} ==")
-            if recs := run_row(args, plan, task, n, label, seeds, ui):
+            if recs := run_row(args, plan, task, n, label, seeds, ui, files["test"]):
                 rows[n][label] = recs
         if base is None:
             base = load_plan(recipe_name("ce"), study_overrides(args, "ce", [], task, n, files, "ce")).recipe
