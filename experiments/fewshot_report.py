@@ -103,13 +103,14 @@ def task_section(task: str, by_n: dict, files_rows: dict) -> list[str]:
     for n, by_row in by_n.items():
         if not by_row:
             continue
-        L += [f"N = {n} per class:", "", "| row | seeds | test accuracy | ECE | select acc | steps | wall s/run |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+        L += [f"N = {n} per class:", "", "| row | seeds | test accuracy | ECE | select acc | steps | wall s/run | "
+                                         "CPU s/run |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for row, recs in by_row.items():
             steps = sorted({r.get("steps") for r in recs.values() if r.get("steps")})
             L.append(f"| {row} | {len(recs)} | {ms(r['test']['accuracy'] for r in recs.values())} | "
                      f"{ms(r['test'].get('ece') for r in recs.values())} | {ms(r['select'] for r in recs.values())} | "
-                     f"{'/'.join(map(str, steps)) or '–'} | {mean(r['wall_s'] for r in recs.values()):.0f} |")
+                     f"{'/'.join(map(str, steps)) or '–'} | {mean(r['wall_s'] for r in recs.values()):.0f} | "
+                     f"{mean(r['cpu_s'] for r in recs.values()):.0f} |")
         comps = [(a, b) for b in ANCHOR_ROWS if b in by_row for a in by_row if a != b and not (
             a == "probe" and b == "setfit")]
         if comps:
