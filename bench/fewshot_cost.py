@@ -40,7 +40,8 @@ def parse_args(argv=None):
     p.add_argument("--configs", default="scl", help="comma-separated study rows (default: %(default)s)")
     p.add_argument("--task", default="sst2")
     p.add_argument("--shots", type=int, default=20)
-    p.add_argument("--rounds", type=int, default=2, help="seeds 1..rounds, one sample each")
+    p.add_argument("--rounds", type=int, default=2, help="one sample (seed) each")
+    p.add_argument("--first-seed", type=int, default=1, help="round r draws seed first_seed + r")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--model", default="embedded")
     p.add_argument("--data-dir", default=os.environ.get("FINETUNE_SHARED_DATA", str(REPO.parent / "shared" / "data")))
@@ -83,11 +84,15 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         for label in order[r % len(order):] + order[:r % len(order)]:
             out = tmp / f"r{r}-{label}"
-            runs[label].append({"seed": r + 1, **one_run(label, rows[label], args, files, r + 1, out)})
+            seed = args.first_seed + r
+            runs[label].append({"seed": seed, **one_run(label, rows[label], args, files, seed, out)})
             shutil.rmtree(out, ignore_errors=True)
             m = runs[label][-1]
-            print(f"round {r + 1} {label}: {m['wall_s']:.0f} s, select {m['select']:.4f}, test {m['test']:.4f}",
+            print(f"round {r + 1} (seed {seed}) {label}: {m['wall_s']:.0f} s, select {m['select']:.4f}, test {m['test']:.4f}",
                   file=sys.stderr, flush=True)
+            if args.json:  # after every run, so an interrupted bench keeps what it measured
+                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.json).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=2))
     print(f"| config | median wall s | ratio to SetFit (median of rounds) | select acc | test acc |  "
           f"({args.task}, N = {args.shots}, {args.rounds} rounds, torch threads {torch.get_num_threads()})")
     print("|---|---:|---:|---|---|")
@@ -95,9 +100,6 @@ def main(argv=None) -> int:
         ratios = [m["wall_s"] / s["wall_s"] for m, s in zip(ms, runs["setfit"], strict=True)]
         print(f"| {label} | {statistics.median(m['wall_s'] for m in ms):.0f} | {statistics.median(ratios):.2f} | "
               + " ".join(f"{m['select']:.3f}" for m in ms) + " | " + " ".join(f"{m['test']:.3f}" for m in ms) + " |")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=2))
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
