@@ -1,5 +1,4 @@
-"""Anchors of the few-shot study: a linear probe and SetFit on the very draws the objectives train on,
-and the out-of-domain evaluation of every row.
+"""Anchors of the few-shot study: a linear probe and SetFit on the very draws the recipes train on.
 
 Both anchors take the N examples per class from the same function the training runs use
 (``pipelines.common.load_data`` with the run's seed), so the comparison is paired by seed.
@@ -10,13 +9,16 @@ Both anchors take the N examples per class from the same function the training r
   (``embedded`` = all-MiniLM-L6-v2): contrastive pair fine-tuning of the body, then a logistic
   regression head. Optional (``pip install -e .[bench]``); the row is skipped with a note without it.
 
-Every anchor run writes ``<out>/n<N>/<anchor>/seed-<k>/result.json`` (metrics on the test half and
-on each out-of-domain file, wall and CPU seconds) and is reused when the study is rerun.
+Both read one text per example: a sentence pair ``(a, b)`` becomes ``a [SEP] b`` (the body's
+separator token between them; :func:`join_pair`), which the body's tokenizer encodes as the tokens of
+the joint pair the recipes train on, with segment ids all 0.
+
+Every anchor run writes ``<out>/seed-<k>/result.json`` (metrics on the test and selection halves,
+wall and CPU seconds) and is reused when the study is rerun.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -26,14 +28,6 @@ from typing import Any
 import numpy as np
 
 ANCHORS = ("probe", "setfit")
-# Out-of-domain sentiment sets (reviews of other domains; ../shared/data/README.md): 300 balanced
-# reviews each, the dev files (train files are bigger and the same kind of data).
-OOD = ("books", "dvd", "electronics", "kitchen", "airline")
-
-
-def ood_files(data_dir: Path, names) -> dict[str, Path]:
-    return {n: data_dir / "sentiment-ood" / n / "dev.tsv" for n in names
-            if (data_dir / "sentiment-ood" / n / "dev.tsv").is_file()}
 
 
 def classification_result(logits_or_proba: np.ndarray, labels: np.ndarray, proba: bool = False) -> dict[str, float]:
@@ -49,7 +43,7 @@ def classification_result(logits_or_proba: np.ndarray, labels: np.ndarray, proba
     return out
 
 
-def seed_data(recipe, seed: int, data_dir: Path):
+def seed_data(recipe, seed: int, data_dir: Path | None = None):
     """The training sample of ``seed`` exactly as ``finetune train --seeds`` draws it."""
     from finetune_cli.pipelines.common import load_data
     from finetune_cli.pipelines.multiseed import seed_plan
@@ -58,12 +52,17 @@ def seed_data(recipe, seed: int, data_dir: Path):
     return load_data(seed_plan(plan_for(recipe), seed), data_dir, need_train=True)
 
 
-def read_labelled(path: Path, label_names: list[str]) -> tuple[list[str], np.ndarray]:
-    from finetune_cli.data.sources import read_file
+def join_pair(texts, pairs, sep: str) -> list[str]:
+    """One text per example: ``a {sep} b`` for a pair, the text itself without one."""
+    return list(texts) if pairs is None else [f"{a} {sep} {b}" for a, b in zip(texts, pairs, strict=True)]
 
-    t = read_file(str(path), {"text": "sentence", "label": "label"})
+
+def read_labelled(path: Path, label_names: list[str], sep: str) -> tuple[list[str], np.ndarray]:
+    """A study split (JSONL: text, optional text_pair, label) as single texts and label ids."""
+    rows = [json.loads(ln) for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
     ids = {n: i for i, n in enumerate(label_names)}
-    return list(t.columns["text"]), np.array([ids[str(v)] for v in t.columns["label"]])
+    pairs = [r["text_pair"] for r in rows] if rows and "text_pair" in rows[0] else None
+    return join_pair([r["text"] for r in rows], pairs, sep), np.array([ids[str(r["label"])] for r in rows])
 
 
 class Embedder:
@@ -131,8 +130,8 @@ def run_setfit(train_texts, train_labels, evals, model_path: str, seed: int, max
             for name, (texts, y) in evals.items()}
 
 
-def run_anchor(name: str, recipe, seeds, data_dir: Path, test: Path, select: Path, ood: dict[str, Path], out: Path,
-               embed: Callable[[], Embedder], cpu_seconds: Callable[[], float], say) -> list[dict[str, Any]]:
+def run_anchor(name: str, recipe, seeds, test: Path, select: Path, out: Path, embed: Callable[[], Embedder],
+               cpu_seconds: Callable[[], float], say) -> list[dict[str, Any]]:
     """Run (or reuse) one anchor for every seed; returns the per-seed result records."""
     from finetune_cli.models.loading import resolve_model
 
@@ -142,11 +141,11 @@ def run_anchor(name: str, recipe, seeds, data_dir: Path, test: Path, select: Pat
         if f.is_file():
             results.append(json.loads(f.read_text()))
             continue
-        data = seed_data(recipe, seed, data_dir)
-        names = list(data.label_names)
-        evals = {"test": read_labelled(test, names), "select": read_labelled(select, names),
-                 **{k: read_labelled(p, names) for k, p in ood.items()}}
-        texts, labels = list(data.train.columns["text"]), np.asarray(data.train.columns["label"])
+        data = seed_data(recipe, seed)
+        names, sep = list(data.label_names), embed().tok.sep_token
+        evals = {"test": read_labelled(test, names, sep), "select": read_labelled(select, names, sep)}
+        texts = join_pair(data.train.columns["text"], data.train.columns.get("text_pair"), sep)
+        labels = np.asarray(data.train.columns["label"])
         t0, c0 = time.perf_counter(), cpu_seconds()
         if name == "probe":
             metrics = run_probe(texts, labels, evals, embed(), seed)
@@ -162,43 +161,10 @@ def run_anchor(name: str, recipe, seeds, data_dir: Path, test: Path, select: Pat
     return results
 
 
-def run_ood(run_dir: Path, ood: dict[str, Path], recipe) -> dict[str, dict[str, float]]:
-    """The run's kept model (``best/``, else ``final/``) on each out-of-domain file; cached in
-    ``<run>/ood.json``."""
-    f = run_dir / "ood.json"
-    if f.is_file():
-        cached = json.loads(f.read_text())
-        if set(cached) >= set(ood):
-            return cached
-    import torch
-
-    from finetune_cli.models.loading import load_text_model
-
-    model_dir = run_dir / "best" if (run_dir / "best").is_dir() else run_dir / "final"
-    model, tok, _ = load_text_model(str(model_dir))
-    model.eval()
-    id2label = model.config.id2label
-    names = [id2label[i] for i in sorted(id2label)]
-    res = {}
-    for k, p in ood.items():
-        texts, y = read_labelled(p, names)
-        logits = []
-        with torch.no_grad():
-            for i in range(0, len(texts), 64):
-                enc = tok(texts[i:i + 64], truncation=True, max_length=recipe.model.max_length, padding=True,
-                          return_tensors="pt")
-                logits.append(model(dict(enc)).logits.float().numpy())
-        res[k] = classification_result(np.concatenate(logits), y)
-    f.write_text(json.dumps(res, indent=2))
-    return res
-
-
 def paired(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]:
+    """Paired statistics over the shared seeds, with wins, ties and losses of ``a``."""
     from finetune_cli.metrics.stats import paired_stats
 
     seeds = sorted(set(a) & set(b))
-    return {**paired_stats([a[s] for s in seeds], [b[s] for s in seeds]), "wins": sum(a[s] > b[s] for s in seeds)}
-
-
-def replace_data(recipe, **kw):
-    return dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, **kw))
+    return {**paired_stats([a[s] for s in seeds], [b[s] for s in seeds]), "wins": sum(a[s] > b[s] for s in seeds),
+            "ties": sum(a[s] == b[s] for s in seeds), "losses": sum(a[s] < b[s] for s in seeds)}

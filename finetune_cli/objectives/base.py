@@ -118,6 +118,13 @@ def crop_rows(features: dict[str, torch.Tensor], keep: torch.Tensor, starts: tor
     return out
 
 
+def trim_padding(features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The batch cut to its longest row: columns that only padding fills cost compute and change nothing."""
+    width = int(features["attention_mask"].sum(1).max())
+    w = features["input_ids"].shape[1]
+    return {name: v[:, :width] if v.dim() == 2 and v.shape[1] == w else v for name, v in features.items()}
+
+
 def sample_crops(lengths: torch.Tensor, low: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(keep, starts)`` for :func:`crop_rows`: row ``i`` keeps ``max(1, round(u·m))`` of its ``m =
     lengths[i] - 2`` text tokens, ``u ~ U(low, 1)``, from a uniform start (torch's global RNG, so the

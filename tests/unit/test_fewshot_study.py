@@ -1,126 +1,151 @@
-"""The few-shot study script: the deterministic dev split, objective specs, unregistered objectives."""
+"""The few-shot study script: task splits, shared draws, pairs, rows, and its smallest configuration end to end."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def load_study():
-    spec = importlib.util.spec_from_file_location("fewshot_sst2", REPO / "experiments" / "fewshot_sst2.py")
+    sys.path.insert(0, str(REPO / "experiments"))
+    spec = importlib.util.spec_from_file_location("fewshot_study", REPO / "experiments" / "fewshot_study.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["fewshot_study"] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
-def fake_dev(path: Path, n_neg: int = 7, n_pos: int = 10) -> list[str]:
-    rows = [f"bad {i}\t0" for i in range(n_neg)] + [f"good {i}\t1" for i in range(n_pos)]
-    path.write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
-    return rows
+def fake_data(root: Path, n_train: int = 30, n_dev: int = 17) -> Path:
+    """A data folder with an SST-2-like single-text task, an MRPC-like pair task and a one-file yelp."""
+    (root / "SST-2").mkdir(parents=True)
+    for name, n in (("train.tsv", n_train), ("dev.tsv", n_dev)):
+        rows = [f"awful dull bad {name} {i}\t0" if i % 2 else f"great fun good {name} {i}\t1" for i in range(n)]
+        (root / "SST-2" / name).write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    (root / "MRPC").mkdir()
+    for name, n in (("train.tsv", n_train), ("dev.tsv", n_dev)):
+        rows = [f"{i % 2}\t{i}\t{i + 1}\tthe cat sat {i}\t" + ("the cat sat" if i % 2 else f"dogs run far {i}")
+                for i in range(n)]
+        (root / "MRPC" / name).write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n" + "\n".join(rows) + "\n")
+    (root / "sentiment-ood" / "yelp").mkdir(parents=True)
+    rows = [f"bad {i}\t0" for i in range(700)] + [f"good {i}\t1" for i in range(700)]
+    (root / "sentiment-ood" / "yelp" / "dev.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    return root
 
 
-def test_dev_split_is_stratified_disjoint_and_deterministic(tmp_path):
+def jsonl(p: Path) -> list[dict]:
+    return [json.loads(ln) for ln in p.read_text().splitlines()]
+
+
+def test_task_splits_are_stratified_disjoint_and_deterministic(tmp_path):
     study = load_study()
-    rows = fake_dev(tmp_path / "dev.tsv")
-    sel, test = study.split_dev(tmp_path / "dev.tsv", tmp_path / "out")
-    a = sel.read_text().splitlines()
-    b = test.read_text().splitlines()
-    assert a[0] == b[0] == "sentence\tlabel"
-    assert sorted(a[1:] + b[1:]) == sorted(rows) and not set(a[1:]) & set(b[1:])
-    # floor(n/2) of each label to selection: 3 of 7 negatives, 5 of 10 positives
-    assert sum(r.endswith("\t0") for r in a[1:]) == 3 and sum(r.endswith("\t1") for r in a[1:]) == 5
-    before = (sel.read_text(), test.read_text())
-    study.split_dev(tmp_path / "dev.tsv", tmp_path / "out2")
-    assert ((tmp_path / "out2" / "dev_select.tsv").read_text(), (tmp_path / "out2" / "dev_test.tsv").read_text()) == before
+    data = fake_data(tmp_path / "d")
+    f = study.prepare_task("sst2", data, tmp_path / "o")
+    sel, test = jsonl(f["select"]), jsonl(f["test"])
+    assert len(jsonl(f["train"])) == 30 and len(sel) + len(test) == 17
+    assert {r["text"] for r in sel}.isdisjoint(r["text"] for r in test)
+    # floor(n/2) of each label to selection: 8 negatives, 9 positives -> 4 + 4
+    assert sum(r["label"] == "0" for r in sel) == 4 and sum(r["label"] == "1" for r in sel) == 4
+    before = {k: p.read_text() for k, p in f.items()}
+    again = study.prepare_task("sst2", data, tmp_path / "o2")
+    assert {k: p.read_text() for k, p in again.items()} == before
 
 
-def test_objective_specs():
+def test_one_file_task_loses_a_stratified_dev_pool_to_train_from_the_rest(tmp_path):
     study = load_study()
-    assert study.parse_objectives("ce, ce_ls:ce:label_smoothing=0.1") == [
-        ("ce", "ce", []), ("ce_ls", "ce", ["objective.label_smoothing=0.1"])]
-    assert study.base_recipe_name("ce") == "ce" and study.base_recipe_name("no_such_objective") == "ce"
+    f = study.prepare_task("yelp", fake_data(tmp_path / "d"), tmp_path / "o")
+    train, sel, test = (jsonl(f[k]) for k in ("train", "select", "test"))
+    assert len(sel) + len(test) == study.DEV_POOL and len(train) == 1400 - study.DEV_POOL
+    assert sum(r["label"] == "0" for r in sel + test) == study.DEV_POOL // 2
+    assert not {r["text"] for r in train} & {r["text"] for r in sel + test}
 
 
-def test_unregistered_objectives_are_skipped_with_a_note(tmp_path, capsys):
+def test_pair_task_keeps_both_texts_and_anchors_read_them_joined(tmp_path):
     study = load_study()
-    (tmp_path / "SST-2").mkdir()
-    fake_dev(tmp_path / "SST-2" / "dev.tsv")
-    fake_dev(tmp_path / "SST-2" / "train.tsv")
-    rc = study.main(["--objectives", "nope_a,nope_b", "--anchors", "", "--data-dir", str(tmp_path), "--out", str(tmp_path / "o"),
-                     "--results", str(tmp_path / "R.md")])
-    err = capsys.readouterr().err
-    assert rc == 2 and "`nope_a` skipped: objective `nope_a` is not registered" in err
-    assert "none of the objectives is registered" in err and not (tmp_path / "R.md").exists()
+    f = study.prepare_task("mrpc", fake_data(tmp_path / "d"), tmp_path / "o")
+    row = jsonl(f["train"])[1]
+    assert row == {"text": "the cat sat 1", "text_pair": "the cat sat", "label": "1"}
+    texts, y = study.fa.read_labelled(f["train"], ["0", "1"], "[SEP]")
+    assert texts[1] == "the cat sat 1 [SEP] the cat sat" and y[1] == 1
+    assert study.fa.join_pair(["a"], None, "[SEP]") == ["a"]
 
 
-def test_fewshot_rows_resolve_to_fewshot_recipes():
-    study = load_study()
-    assert study.base_recipe_name("ce", "fewshot", "ce") == "fewshot/ce"
-    assert study.base_recipe_name("ce", "fewshot", "head") == "fewshot/head"
-    assert study.base_recipe_name("ce", "fewshot", "ce_ls") == "fewshot/ce"
-    assert study.base_recipe_name("r4f", "fewshot", "r4f") == "r4f"  # no few-shot recipe: the full-data one
-    assert study.base_recipe_name("ce", "flat", "head") == "ce"
-    assert study.row_objective("head", "head", "fewshot") == "ce"
-    assert study.row_objective("head", "head", "flat") == "head"
-    assert study.row_objective("ce_ls", "ce", "fewshot") == "ce"
-
-
-def test_fewshot_recipes_keep_their_schedule_and_flat_gets_the_study_one(tmp_path):
+def test_rows_resolve_to_fewshot_recipes_with_variants(tmp_path):
     from finetune_cli.pipelines.recipes import load_recipe
 
     study = load_study()
-    args = study.parse_args(["--out", str(tmp_path)])
-    r = load_recipe("fewshot/ce", study.study_overrides(args, "ce", [], 20, tmp_path / "t.tsv", tmp_path / "s.tsv", "ce"))
-    assert r.train.min_steps and r.train.min_evals and r.data.few_shot == 20 and r.train.batch_size == 16
-    flat = study.parse_args(["--out", str(tmp_path), "--recipes", "flat"])
-    assert flat.objectives == study.FLAT_OBJECTIVES
-    r = load_recipe("ce", study.study_overrides(flat, "ce", [], 20, tmp_path / "t.tsv", tmp_path / "s.tsv", "ce"))
-    assert (r.train.epochs, r.train.batch_size, r.train.lr, r.train.min_steps, r.train.eval_every) == (
-        10, 16, 5e-5, None, None)
-    ov = study.study_overrides(study.parse_args(["--out", str(tmp_path), "--max-steps", "7"]), "ce", [], 20,
-                               tmp_path / "t.tsv", tmp_path / "s.tsv", "ce")
-    r = load_recipe("fewshot/ce", ov)
-    assert r.train.max_steps == 7 and r.train.min_steps is None
+    rows = study.parse_objectives("ce, scl1:scl:views=1:crop=0.5:train.min_steps=100")
+    assert rows == [("ce", "ce", []), ("scl1", "scl", ["objective.views=1", "objective.crop=0.5",
+                                                       "train.min_steps=100"])]
+    assert study.recipe_name("scl") == "fewshot/scl" and study.recipe_name("r4f") == "r4f"
+    f = study.prepare_task("mrpc", fake_data(tmp_path / "d"), tmp_path / "o")
+    args = study.parse_args(["--out", str(tmp_path / "o")])
+    r = load_recipe("fewshot/scl", study.study_overrides(args, "scl", rows[1][2], "mrpc", 8, f, "scl1"))
+    assert (r.objective.params["views"], r.train.min_steps, r.data.few_shot, r.model.max_length) == (1, 100, 8, 128)
+    assert r.data.columns.text_pair == "text_pair" and r.data.eval == str(f["select"])
+    assert r.run_dir == tmp_path / "o" / "mrpc" / "n8" / "scl1"
+
+
+def test_unknown_task_and_unregistered_rows_are_refused(tmp_path, capsys):
+    study = load_study()
+    assert study.main(["--tasks", "sst2,nope", "--out", str(tmp_path)]) == 2
+    assert "unknown task(s) nope" in capsys.readouterr().err
+    rc = study.main(["--tasks", "sst2", "--objectives", "nope_a", "--anchors", "", "--data-dir",
+                     str(fake_data(tmp_path / "d")), "--out", str(tmp_path / "o"), "--results", str(tmp_path / "R.md")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "`nope_a` skipped: objective `nope_a` is not registered" in err
+    assert not (tmp_path / "R.md").exists()
 
 
 def test_anchor_metrics_and_pairing():
     import numpy as np
 
-    study = load_study()
-    fa = study.fa
-    proba = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.6, 0.4]])
-    r = fa.classification_result(proba, np.array([0, 0, 1, 1]), proba=True)
+    fa = load_study().fa
+    r = fa.classification_result(np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.6, 0.4]]), np.array([0, 0, 1, 1]),
+                                 proba=True)
     assert r["accuracy"] == 0.75 and r["pred_neg_share"] == 0.75 and 0 <= r["ece"] <= 1
-    c = fa.paired({1: 0.7, 2: 0.8, 3: 0.6}, {1: 0.6, 2: 0.7, 3: 0.65})
-    assert c["n"] == 3 and c["wins"] == 2 and abs(c["diff"] - 0.05) < 1e-12
+    c = fa.paired({1: 0.7, 2: 0.8, 3: 0.6, 4: 0.5}, {1: 0.6, 2: 0.7, 3: 0.65, 4: 0.5})
+    assert (c["n"], c["wins"], c["ties"], c["losses"]) == (4, 2, 1, 1) and abs(c["diff"] - 0.0375) < 1e-12
 
 
-def test_probe_anchor_runs_on_the_draw_of_the_seed(tmp_path, tiny_model_dir):
-    """The probe trains on exactly the examples ``finetune train --seeds`` draws for that seed."""
-    import numpy as np
+def test_smallest_study_runs_end_to_end(tmp_path, tiny_model_dir):
+    """The CI configuration: tiny model, a single-text and a pair task, 1 seed, both anchors; every row of
+    a seed trains on the same draw, and a rerun reuses every run."""
+    study = load_study()
+    data = fake_data(tmp_path / "d")
+    anchors = "probe" + ("" if study.fa.setfit_available() else ",setfit")
+    argv = ["--tasks", "sst2,mrpc", "--shots", "2", "--seeds", "1", "--objectives", "ce,scl", "--anchors", anchors,
+            "--max-steps", "2", "--model", str(tiny_model_dir), "--data-dir", str(data), "--out", str(tmp_path / "o"),
+            "--results", str(tmp_path / "R.md"), "--no-figures", "--quiet", "--device", "cpu"]
+    assert study.main(argv) == 0
+    page = (tmp_path / "R.md").read_text()
+    assert "REDUCED RUN" in page and "### mrpc" in page and "## Averages over tasks" in page
+    assert "| scl − probe | 1 |" in page and "pair tasks acc" in page
+    drawn = {}
+    for row in ["ce", "scl"]:
+        run = tmp_path / "o" / "mrpc" / "n2" / row / "seed-1"
+        drawn[row] = json.loads((run / "eval.json").read_text())["data"]
+        assert drawn[row].endswith("test.jsonl")
+    probe = json.loads((tmp_path / "o" / "mrpc" / "n2" / "probe" / "seed-1" / "result.json").read_text())
+    assert probe["train_examples"] == 4 and set(probe["metrics"]) == {"test", "select"}
+    before = page
+    assert study.main(argv) == 0 and (tmp_path / "R.md").read_text() == before  # all reused, same page
 
+
+@pytest.mark.parametrize("task", ["sst2", "mrpc"])
+def test_anchor_and_recipe_draw_the_same_examples(tmp_path, task):
     from finetune_cli.pipelines.recipes import load_recipe
 
     study = load_study()
-    fa = study.fa
-    (tmp_path / "SST-2").mkdir()
-    rows = [f"awful dull bad {i}\t0" for i in range(30)] + [f"great fun good {i}\t1" for i in range(30)]
-    (tmp_path / "SST-2" / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
-    fake_dev(tmp_path / "dev.tsv")
-    args = study.parse_args(["--out", str(tmp_path / "o"), "--model", str(tiny_model_dir)])
-    recipe = load_recipe("fewshot/ce", study.study_overrides(args, "ce", [], 4, tmp_path / "SST-2" / "train.tsv",
-                                                              tmp_path / "dev.tsv", "ce"))
-    a = fa.seed_data(recipe, 3, tmp_path).train.columns["text"]
-    assert len(a) == 8 and a == fa.seed_data(recipe, 3, tmp_path).train.columns["text"]
-    assert a != fa.seed_data(recipe, 4, tmp_path).train.columns["text"]
-    emb = fa.Embedder(str(tiny_model_dir), 32)
-    recs = fa.run_anchor("probe", recipe, [3], tmp_path, tmp_path / "dev.tsv", tmp_path / "dev.tsv", {},
-                         tmp_path / "probe", lambda: emb, study.cpu_seconds, lambda *_: None)
-    m = recs[0]["metrics"]
-    assert recs[0]["train_examples"] == 8 and set(m) == {"test", "select"}
-    assert 0 <= m["test"]["accuracy"] <= 1 and np.isfinite(m["test"]["ece"])
-    again = fa.run_anchor("probe", recipe, [3], tmp_path, tmp_path / "dev.tsv", tmp_path / "dev.tsv", {},
-                          tmp_path / "probe", lambda: None, study.cpu_seconds, lambda *_: None)
-    assert again == recs  # reused from result.json, nothing recomputed
+    f = study.prepare_task(task, fake_data(tmp_path / "d"), tmp_path / "o")
+    args = study.parse_args(["--out", str(tmp_path / "o")])
+    ce = load_recipe("fewshot/ce", study.study_overrides(args, "ce", [], task, 4, f, "ce"))
+    scl = load_recipe("fewshot/scl", study.study_overrides(args, "scl", [], task, 4, f, "scl"))
+    a, b = study.fa.seed_data(ce, 3).train, study.fa.seed_data(scl, 3).train
+    assert len(a.columns["text"]) == 8 and a.columns == b.columns
+    assert a.columns["text"] != study.fa.seed_data(ce, 4).train.columns["text"]

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from finetune_cli.cli.main import app
-from finetune_cli.errors import DataError
 from finetune_cli.objectives import build
 from finetune_cli.objectives.scl import supervised_contrastive_loss
 from finetune_cli.pipelines.recipes import load_recipe
@@ -250,22 +249,51 @@ def test_cropped_views_are_the_whole_batch_and_its_crops(tiny_model_dir):
     assert abs(out["scl"].item() - plain["scl"].item()) > 1e-3  # the crops change the term
 
 
-def test_crop_refuses_text_pairs(tiny_model_dir):
+def test_one_cropped_view_is_the_batch_cropped_and_trimmed(tiny_model_dir):
+    """views 1, crop 0.5, no dropout: the batch itself is cropped (crops drawn as sample_crops draws
+    them), cut to its longest crop, and both terms are those of the cropped batch alone."""
+    from finetune_cli.objectives.base import crop_rows, sample_crops, trim_padding
+
+    model, batch = _real_batch(tiny_model_dir)
+    model.eval()
+    labels, f = batch["labels"], batch["features"][0]
+    torch.manual_seed(11)
+    out = build("scl", {"tau": 0.3, "lam": 0.5, "crop": 0.5})(model, batch)
+    torch.manual_seed(11)
+    cropped = trim_padding(crop_rows(f, *sample_crops(f["attention_mask"].sum(1), 0.5)))
+    assert cropped["input_ids"].shape[1] == int(cropped["attention_mask"].sum(1).max()) < f["input_ids"].shape[1]
+    with torch.no_grad():
+        part = model(cropped)
+    z = F.normalize(part.embeddings, dim=-1).double()
+    assert out["scl"].item() == pytest.approx(reference_scl(z.tolist(), labels.tolist(), 0.3), rel=1e-5)
+    assert out["ce"].item() == pytest.approx(F.cross_entropy(part.logits, labels).item(), rel=1e-5)
+    whole = build("scl", {"tau": 0.3, "lam": 0.5})(model, batch)
+    assert abs(out["scl"].item() - whole["scl"].item()) > 1e-3  # the crop changed the term
+
+
+@pytest.mark.parametrize("views", [1, 2])
+def test_crop_leaves_text_pairs_whole(tiny_model_dir, views):
+    """Cropping would cut a joint pair's separator: a pair batch trains exactly as without crop."""
     from finetune_cli.models import HeadSpec, load_text_model
 
     model, tok, _ = load_text_model(str(tiny_model_dir), HeadSpec(num_labels=2, head="pooled"))
+    model.eval()
     f = dict(tok(["a fine film", "dull"], ["it is", "very dull"], padding=True, return_tensors="pt"))
     batch = {"features": [f], "labels": torch.tensor([0, 1])}
-    with pytest.raises(DataError, match="objective.crop of `scl` cuts single texts"):
-        build("scl", {"views": 2, "crop": 0.5})(model, batch)
+    whole = build("scl", {"views": views})(model, batch)
+    assert build("scl", {"views": views, "crop": 0.5})(model, batch)["loss"].item() == pytest.approx(
+        whole["loss"].item(), rel=1e-6)
     f.pop("token_type_ids")  # RoBERTa-style pairs carry no segment ids: the separator seen twice tells
-    with pytest.raises(DataError, match="objective.crop of `scl` cuts single texts"):
-        build("scl", {"views": 2, "crop": 0.5})(model, batch)
-    single = dict(tok(["a fine film", "dull"], padding=True, return_tensors="pt"))  # not refused
-    build("scl", {"views": 2, "crop": 0.5})(model, {"features": [single], "labels": torch.tensor([0, 1])})
+    whole = build("scl", {"views": views})(model, batch)
+    assert build("scl", {"views": views, "crop": 0.5})(model, batch)["loss"].item() == pytest.approx(
+        whole["loss"].item(), rel=1e-6)
+    single = dict(tok(["a fine film of many words", "dull"], padding=True, return_tensors="pt"))  # cropped
+    b1 = {"features": [single], "labels": torch.tensor([0, 1])}
+    assert build("scl", {"views": views, "crop": 0.1})(model, b1)["loss"].item() != pytest.approx(
+        build("scl", {"views": views})(model, b1)["loss"].item(), rel=1e-6)
 
 
-def test_crop_on_pair_data_is_a_one_line_exit_2(tmp_path, tiny_model_dir):
+def test_crop_on_pair_data_trains(tmp_path, tiny_model_dir):
     rows = ["sentence\tsentence2\tlabel"] + [f"a good film {i}\tit is fine\tpos\nbad movie {i}\tawful\tneg"
                                                for i in range(8)]
     (tmp_path / "p.tsv").write_text("\n".join(rows) + "\n")
@@ -274,9 +302,7 @@ def test_crop_on_pair_data_is_a_one_line_exit_2(tmp_path, tiny_model_dir):
                               f"data.eval={tmp_path / 'p.tsv'}", "data.columns.text=sentence",
                               "data.columns.text_pair=sentence2", "train.max_steps=2",
                               f"output.dir={tmp_path / 'runs'}", "--device", "cpu", "-q"])
-    assert res.exit_code == 2
-    line = res.stderr.strip().splitlines()
-    assert len(line) == 1 and "objective.crop of `scl` cuts single texts" in line[0]
+    assert res.exit_code == 0, res.stderr
 
 
 def test_declares_class_balanced_sampler():
@@ -299,7 +325,6 @@ def test_declares_class_balanced_sampler():
     ("objective.views=true", "`objective.views` in scl must be an integer"),
     ("objective.crop=0", "crop must be > 0.0"),
     ("objective.crop=1.5", "crop must be <= 1.0"),
-    ("objective.crop=0.5", "needs views >= 2, got views 1"),
 ])
 def test_bad_hyperparameters_fail_at_recipe_validation(override, msg):
     with pytest.raises(RecipeError, match=msg):
