@@ -8,7 +8,7 @@ the packaged quickstart sentences.
 
     python bench/augment_throughput.py [--n 128] [--batch-size 32] [--repeats 2] [--device cpu|cuda] [--temperature 0.9]
 
-Target (issue 7): batched >= 5x the naive loop's sentences/s.
+Target: batched >= 5x the naive loop's sentences/s.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Objectives are read from the registry: any objective with class labels (``label_
 
     python bench/objective_overhead.py --data-dir ../shared/data [--steps 15] [--warmup 3]
 
-Targets (issue 4): SCL <= 1.05x, Core-tuning <= 1.15x, Focal/Dice <= 1.02x, R3F/R4F <= 1.9x CE.
+Targets: SCL <= 1.05x, Core-tuning <= 1.15x, Focal/Dice <= 1.02x, R3F/R4F <= 1.9x CE.
 """
 
 from __future__ import annotations

@@ -7,12 +7,12 @@
    no evaluation or saving during training. Each runner in a fresh process; one clock around the
    same work (model loading, tokenisation, training: "end to end") and a per-step clock read by a
    callback in both ("ms/step", after ``--skip`` steps); runner order alternates over repeats.
-   Target (issue 14): finetune >= 1.5x MNRL.
+   Target: finetune >= 1.5x MNRL.
 2. Embedding: ``finetune embed``'s code path (``pipelines.embed.embed_texts`` with
    ``normalize=True``, tokenisation included) vs ``SentenceTransformer.encode`` called as its users
    call it (``encode(texts, batch_size=B)``; the packaged model's own pipeline ends in ``Normalize``),
    max length 128 for both, at batch 64 and 256. Both warmed up; the two alternate over
-   ``--embed-repeats``. Target (issue 14): >= 2.0x at both batch sizes.
+   ``--embed-repeats``. Target: >= 2.0x at both batch sizes.
 
     python bench/simcse_throughput.py [--n 1280] [--repeats 2] [--embed-n 4096] [--embed-repeats 3]
 """

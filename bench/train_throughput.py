@@ -29,7 +29,7 @@ Fairness:
 - Dev accuracy of every runner's final model with one shared function (outside the clocks), and
   an equal-accuracy check against ``hf_grouped`` (±0.01).
 
-``--proxy``: the CPU proxy of issue 14 — a tiny random BERT (2 layers, width 32, the real
+``--proxy``: the CPU proxy: a tiny random BERT (2 layers, width 32, the real
 tokenizer), where compute is negligible and the per-step overhead of each loop shows; every runner
 uses fused AdamW; headline is ms/step.
 
@@ -42,7 +42,7 @@ uses fused AdamW; headline is ms/step.
 COMMIT``) in the same interleaved run, so each engine change is measured against its parent under
 the same machine load.
 
-Targets (issue 14): CPU train >= 1.5x hf_grouped at equal dev accuracy and >= 2.0x hf_default;
+Targets: CPU train >= 1.5x hf_grouped at equal dev accuracy and >= 2.0x hf_default;
 proxy ms/step <= 0.7x hf_grouped.
 """
 

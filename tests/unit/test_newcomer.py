@@ -1,4 +1,4 @@
-"""What a new user met on the README's paths (issue 18): run names, failed starts, late validation,
+"""What a new user met on the README's paths: run names, failed starts, late validation,
 misleading messages, eval files, --seeds nesting, JSON output, table widths."""
 
 from __future__ import annotations
