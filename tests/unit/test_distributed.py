@@ -85,8 +85,10 @@ class _StubModel(torch.nn.Module):
         return self._out(embeddings=e, features=e)
 
 
-def _core_worker(rank, store, out, sizes):
+def _core_worker(rank, store, out, sizes, padding_rank=None):
+    """Core-tuning on this rank's slice; the rank ``padding_rank`` trains on a padding batch."""
     from finetune_cli.objectives import build
+    from finetune_cli.objectives._dist import left_out
 
     with process_group(rank, store):
         emb, labels = _data(sizes)
@@ -94,7 +96,8 @@ def _core_worker(rank, store, out, sizes):
         sl = slice(start, start + sizes[rank])
         model = _StubModel().double()
         torch.manual_seed(100 + rank)  # processes draw different mixing weights, as in training
-        res = build("core_tuning", {"eta": 1.0})(model, {"features": [{"x": emb[sl]}], "labels": labels[sl]})
+        with left_out(rank == padding_rank):
+            res = build("core_tuning", {"eta": 1.0})(model, {"features": [{"x": emb[sl]}], "labels": labels[sl]})
         res["loss"].backward()
         save(rank, out, {"con": res["con"], "grad": model.w.weight.grad})
 
@@ -138,25 +141,9 @@ def test_a_padding_batch_is_left_out_of_the_gathered_batch(tmp_path):
     assert got[1]["grad"] is None or not got[1]["grad"].any()
 
 
-def _core_left_out_worker(rank, store, out, sizes):
-    from finetune_cli.objectives import build
-    from finetune_cli.objectives._dist import left_out
-
-    with process_group(rank, store):
-        emb, labels = _data(sizes)
-        start = sum(sizes[:rank])
-        sl = slice(start, start + sizes[rank])
-        model = _StubModel().double()
-        torch.manual_seed(100 + rank)
-        with left_out(rank == 1):
-            res = build("core_tuning", {"eta": 1.0})(model, {"features": [{"x": emb[sl]}], "labels": labels[sl]})
-        res["loss"].backward()
-        save(rank, out, {"con": res["con"]})
-
-
 def test_core_tuning_with_a_padding_batch_mixes_and_contrasts_the_real_rows_only(tmp_path):
     """Core-tuning mines and mixes for its own anchors at their offset in the gathered batch: a
     process left out has no anchors there (it would index past the batch), and both processes
     compute the same contrastive term over rank 0's rows and mixtures."""
-    got = spawn(_core_left_out_worker, tmp_path, (3, 5))
+    got = spawn(_core_worker, tmp_path, (3, 5), 1)
     assert torch.isfinite(got[0]["con"]) and got[0]["con"].item() == pytest.approx(got[1]["con"].item(), rel=1e-12)
