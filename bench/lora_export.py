@@ -37,8 +37,8 @@ from finetune_cli.models.loading import (  # noqa: E402
     load_tokenizer,
     save_text_model,
 )
-from finetune_cli.models.lora import add_lora, parameter_counts  # noqa: E402
-from finetune_cli.models.text_model import HeadSpec  # noqa: E402
+from finetune_cli.models.lora import add_lora  # noqa: E402
+from finetune_cli.models.text_model import HeadSpec, parameter_counts  # noqa: E402
 
 QUICKSTART = REPO / "finetune_cli" / "resources" / "quickstart"
 

@@ -48,7 +48,7 @@ from finetune_cli.engine.inference import sharded
 from finetune_cli.engine.rng import capture_rng, rank_seed, restore_rng, seed_everything
 from finetune_cli.errors import ModelError, TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, clean_stale_temps
-from finetune_cli.models.text_model import enable_gradient_checkpointing
+from finetune_cli.models.text_model import enable_gradient_checkpointing, parameter_counts
 from finetune_cli.objectives._dist import left_out
 from finetune_cli.recipe import TrainConfig
 from finetune_cli.rundir import BEST_METRICS, CHECKPOINT_MODEL, CHECKPOINT_RECIPE, STATE_FILE, RunDir
@@ -299,12 +299,10 @@ class Trainer:
             if self.evaluate_fn is None:
                 raise TrainingError("train.refit_head refits the head before each evaluation: give the run an "
                                     "evaluation set (data.eval_split or data.eval)")
-        params = list(model.parameters())
-        self.trainable = sum(p.numel() for p in params if p.requires_grad)
+        self.trainable, total = parameter_counts(model)
         if not self.trainable:
             raise TrainingError("nothing to train: train.freeze_encoder is on and the model has no head "
                                 "(use a classification objective)")
-        total = sum(p.numel() for p in params)
         self.ui.log(f"trainable parameters: {self.trainable:,} of {total:,} ({100 * self.trainable / total:.2f}%)")
 
     def _setup_compile(self, model) -> None:

@@ -161,10 +161,3 @@ def merge_lora(model) -> None:
             parent, _, child = name.rpartition(".")
             setattr(target.get_submodule(parent), child, m.get_base_layer())
     target.__dict__.pop("peft_config", None)
-
-
-def parameter_counts(model: nn.Module) -> tuple[int, int]:
-    """``(trainable, total)`` parameters."""
-    params = list(model.parameters())
-    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
-

@@ -112,6 +112,12 @@ def encoder_layers(encoder: nn.Module) -> nn.ModuleList:
     return max(found, key=len)
 
 
+def parameter_counts(model: nn.Module) -> tuple[int, int]:
+    """``(trainable, total)`` parameters."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
 def enable_gradient_checkpointing(model: nn.Module) -> None:
     """Recompute the encoder layers' activations in the backward pass (transformers' own
     ``activation_checkpointing_enable``, non-reentrant: the RNG state is replayed, so dropout masks
