@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from finetune_cli.errors import PeerLostError
+from finetune_cli.fsutil import atomic_write_json
 from finetune_cli.ui import REPORTS_ENV, UI, launched_rank, launched_world_size
 
 INTERRUPTED = 130
@@ -86,10 +87,7 @@ def relaunch(nproc: int, argv: Sequence[str], program: str) -> int:
 
 def write_report(code: int, line: str) -> None:
     """In a worker: leave this process's exit code and error line for the agent (``REPORTS_ENV``)."""
-    folder = Path(os.environ[REPORTS_ENV])
-    tmp = folder / f".rank{launched_rank()}.json"
-    tmp.write_text(json.dumps({"code": code, "line": line}))
-    tmp.replace(folder / f"rank{launched_rank()}.json")
+    atomic_write_json(Path(os.environ[REPORTS_ENV]) / f"rank{launched_rank()}.json", {"code": code, "line": line})
 
 
 def read_reports(folder: Path) -> dict[int, tuple[int, str]]:
