@@ -176,10 +176,10 @@ def refuse_sharding() -> None:
     context parallelism): every process here holds the whole model (DDP), evaluates it and saves it
     from the main process, which a sharded model does not hold in full; and on the CPU accelerate
     silently runs such a config as DDP."""
-    on = [what for var, what in SHARDING_ENV.items() if os.environ.get(var, "false").lower() == "true"]
+    on = [(var, what) for var, what in SHARDING_ENV.items() if os.environ.get(var, "false").lower() == "true"]
     if on:
-        var = next(v for v, w in SHARDING_ENV.items() if w == on[0])
-        raise DeviceError(f"the accelerate config asks for {on[0]} ({var}=true): finetune trains a whole copy "
+        var, what = on[0]
+        raise DeviceError(f"the accelerate config asks for {what} ({var}=true): finetune trains a whole copy "
                           f"of the model on each process (DDP) and cannot shard it; use a config with "
                           f"distributed_type MULTI_GPU (or MULTI_CPU), or `finetune train --nproc N`")
 
