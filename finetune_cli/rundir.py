@@ -45,6 +45,8 @@ STATE_FILE = "trainer_state.json"
 CHECKPOINT_MODEL = "model"
 CHECKPOINT_RECIPE = RECIPE  # every checkpoint carries the recipe it was written under
 LOCK = ".finetune.lock"
+MODEL_CONFIG = "config.json"
+ADAPTER_CONFIG = "adapter_config.json"  # a LoRA adapter folder (models/lora.py); an embedding one has no config.json
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 _SEED_DIR = re.compile(r"seed-(-?\d+)")
 
@@ -84,9 +86,14 @@ def checkpoint_step(p: Path) -> int:
     return int(m.group(1)) if m else -1
 
 
+def holds_model(folder: Path) -> bool:
+    """A saved model folder: a transformers ``config.json``, or a LoRA adapter's ``adapter_config.json``."""
+    return (folder / MODEL_CONFIG).is_file() or (folder / ADAPTER_CONFIG).is_file()
+
+
 def is_complete_checkpoint(p: Path) -> bool:
     """A checkpoint that a resume can use: its state and its model were both written."""
-    return (p / STATE_FILE).is_file() and (p / CHECKPOINT_MODEL / "config.json").is_file()
+    return (p / STATE_FILE).is_file() and holds_model(p / CHECKPOINT_MODEL)
 
 
 # ---- integrity ---------------------------------------------------------------------------------
@@ -237,7 +244,7 @@ class RunDir:
 
     def is_run(self) -> bool:
         """A folder written by ``finetune train`` (a model folder has a config.json instead)."""
-        return self.recipe_file.is_file() and not (self.path / "config.json").is_file()
+        return self.recipe_file.is_file() and not holds_model(self.path)
 
     def is_complete(self) -> bool:
         return self.summary_file.is_file()
@@ -284,7 +291,7 @@ class RunDir:
     def model_dir(self) -> Optional[Path]:
         """The model the run stands for: ``best/``, else ``final/``, else its newest checkpoint's."""
         for sub in (self.best, self.final):
-            if (sub / "config.json").is_file():
+            if holds_model(sub):
                 return sub
         ck = self.latest_checkpoint()
         return ck / CHECKPOINT_MODEL if ck is not None else None

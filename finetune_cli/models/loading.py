@@ -57,7 +57,7 @@ def resolve_model(name: str) -> tuple[str, bool]:
             if found is not None:
                 return str(found), True
             raise ModelError(f"run directory {p} holds no saved model yet (no best/, final/ or checkpoint-*/)")
-        if not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
+        if not rundir.holds_model(p):
             raise ModelError(f"model folder {p} has no config.json: not a Hugging Face model folder")
         return str(p), True
     # `runs/simcse_unsup` is a local path when `runs/` exists here: no hub id has a local first part

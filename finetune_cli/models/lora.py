@@ -20,8 +20,8 @@ from typing import Any, Optional
 from torch import nn
 
 from finetune_cli.errors import ModelError
+from finetune_cli.rundir import ADAPTER_CONFIG
 
-ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # how peft names the wrapped model's modules in its files
 ADAPTER = "default"  # peft's adapter name (dropped from the keys in the file)

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from finetune_cli.errors import FinetuneError, ModelError, OutputError
 from finetune_cli.models.card import hub_base_model
-from finetune_cli.rundir import RunDir
+from finetune_cli.rundir import RunDir, holds_model
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def model_folder(model: str) -> Path:
     if not p.is_dir():
         raise ModelError(f"{model} is not a run directory or a model folder")
     folder = RunDir(p).model_dir() if RunDir(p).is_run() else p
-    if folder is None or not (folder / "config.json").is_file():
+    if folder is None or not holds_model(folder):
         raise ModelError(f"{model} holds no saved model (no best/, final/ or checkpoint-*/ with a config.json)")
     if not (folder / "README.md").is_file():
         raise ModelError(f"{folder} has no model card (README.md); it was not written by finetune train")

@@ -121,8 +121,13 @@ def test_lora_with_other_heads_reloads_to_its_own_logits(tiny_recipe, extra):
         assert torch.allclose(got, want, atol=1e-5)
 
 
-def test_an_interrupted_lora_run_resumes_to_the_same_adapters(tiny_recipe, tmp_path):
-    common = (*LORA, "train.epochs=2", "train.eval_every=3", "train.save_every=1", "train.batch_size=4")
+EMBEDDING = ("objective.name=simcse_unsup", "~data.eval", "data.columns.label=null")
+
+
+@pytest.mark.parametrize("kind", [(), EMBEDDING], ids=["classifier", "embedding"])
+def test_an_interrupted_lora_run_resumes_to_the_same_adapters(tiny_recipe, tmp_path, kind):
+    """An embedding adapter's checkpoints hold adapter_config.json and no config.json: still a checkpoint."""
+    common = (*LORA, *kind, "train.epochs=2", "train.eval_every=3", "train.save_every=1", "train.batch_size=4")
     ref = _train(tiny_recipe(*common, f"output.dir={tmp_path / 'ref'}"))
     run = tiny_recipe(*common, f"output.dir={tmp_path / 'cut'}")
 
@@ -142,13 +147,16 @@ def test_an_interrupted_lora_run_resumes_to_the_same_adapters(tiny_recipe, tmp_p
 def test_an_embedding_objective_saves_a_sentence_transformers_adapter_folder(tiny_recipe, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    out = _train(tiny_recipe(*LORA, "objective.name=simcse_unsup", "~data.eval", "data.columns.label=null"))
+    out = _train(tiny_recipe(*LORA, *EMBEDDING))
     final = out.run_dir / "final"
     assert (final / "adapter_config.json").is_file() and (final / "modules.json").is_file()
     sess = open_session(str(final), device="cpu", embedding=True)
     ours = sess.forward(sess.encode_texts(SENTENCES), 8, want=("embeddings",))["embeddings"]
     st = SentenceTransformer(str(final), device="cpu").encode(SENTENCES, convert_to_numpy=True)
     assert np.abs(ours - st).max() < 1e-5
+    from finetune_cli.pipelines.push import run_push  # the adapter folder (no config.json) can go up
+
+    assert "adapter_model.safetensors" in run_push(str(out.run_dir), "someone/simcse-lora", dry_run=True).files
 
 
 def test_lora_refusals_are_one_line(tiny_recipe, lora_run, monkeypatch):
