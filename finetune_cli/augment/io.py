@@ -1,39 +1,41 @@
 """Reading and writing ``finetune augment`` files: any column layout in, the same layout out.
 
 Input: CSV/TSV (header sniffed or given, or 0-based columns), JSONL/JSON, Parquet, TXT, every
-column kept. Output: the same columns in the same format (or the one the output's extension names),
-written atomically. Work happens in chunks of input rows saved as ``<output>.parts/chunk-N.jsonl``.
+column kept. Output: the same columns in the same format and layout (a header or none; or the format
+the output's extension names), written atomically by the one table writer (``data.table_io``). Work
+happens in chunks of input rows saved as ``<output>.parts/chunk-N.jsonl``.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune_cli.data.sources import CONVERT_HINT, TableFile, open_table
+from finetune_cli.data.sources import CONVERT_HINT, Table, TableFile, open_table
+from finetune_cli.data.table_io import table_writer
 from finetune_cli.errors import DataError
-from finetune_cli.fsutil import atomic_file, atomic_write_text
 
 # Column names tried, in order, when --column is not given (pairs first).
 KNOWN_PAIRS = (("sentence1", "sentence2"), ("text", "text_pair"), ("premise", "hypothesis"),
                ("question1", "question2"), ("sentence_A", "sentence_B"), ("question", "sentence"))
 KNOWN_SINGLE = ("text", "sentence")
-OUTPUT_FORMATS = ("tsv", "csv", "jsonl", "json", "parquet", "txt")
 
 
 @dataclass
 class InputData:
     names: list[str]  # every column, in file order
-    columns: dict[str, list[Any]]
+    table: Table
     text_columns: tuple[str, ...]
     has_header: bool
     format: str
+
+    @property
+    def columns(self) -> dict[str, list[Any]]:
+        return self.table.columns
 
     def __len__(self) -> int:
         return len(self.columns[self.names[0]])
@@ -78,7 +80,7 @@ def read_input(src: str, fmt: str = "auto", columns: tuple[str, ...] = (), heade
     if rows == 0:
         raise DataError(f"data file {src} has no rows")
     table = tf.read({n: n for n in names}, optional=set(names) - set(keys))
-    return InputData(names, table.columns, keys, tf.has_header, tf.fmt)
+    return InputData(names, table, keys, tf.has_header, tf.fmt)
 
 
 def file_digest(path: Path) -> str:
@@ -120,49 +122,33 @@ def read_chunk(path: Path, start: int, stop: int, n_cols: int, n_ret: int) -> Op
     return recs
 
 
-def _clean(v: Any) -> str:
-    return " ".join(str(v).split()) if isinstance(v, str) else ("" if v is None else str(v))
-
-
-def output_rows(data: InputData, parts: Path, n_chunks: int) -> Iterator[dict[str, Any]]:
+def _output_chunks(data: InputData, parts: Path, n_chunks: int) -> Iterator[tuple[list[int], dict[str, list[Any]]]]:
+    """Each chunk's output rows (``num_return`` a row, in input order): the input row each comes from,
+    and the columns, every input column carried through and the text columns rewritten."""
     for k in range(n_chunks):
-        for rec in (json.loads(ln) for ln in chunk_path(parts, k).read_text(encoding="utf-8").splitlines() if ln):
-            i = rec["row"]
-            for sides in rec["out"]:
-                row = {name: data.columns[name][i] for name in data.names}
-                row.update(zip(data.text_columns, sides, strict=True))
-                yield row
+        recs = [json.loads(ln) for ln in chunk_path(parts, k).read_text(encoding="utf-8").splitlines() if ln]
+        src = [r["row"] for r in recs for _ in r["out"]]
+        cols = {name: [data.columns[name][i] for i in src] for name in data.names}
+        for c, name in enumerate(data.text_columns):
+            cols[name] = [sides[c] for r in recs for sides in r["out"]]
+        yield src, cols
 
 
-def write_output(rows: list[dict[str, Any]], data: InputData, output: Path, fmt: str) -> None:
-    """Write all rows to a temporary sibling, then rename it over ``output`` (atomic)."""
-    names = data.names
-    if fmt in ("tsv", "txt"):
-        buf = io.StringIO()
-        if fmt == "txt":
-            for r in rows:
-                buf.write(_clean(r[data.text_columns[0]]) + "\n")
-        else:
-            if data.has_header:
-                buf.write("\t".join(names) + "\n")
-            for r in rows:
-                buf.write("\t".join(_clean(r[n]) for n in names) + "\n")
-        atomic_write_text(output, buf.getvalue())
-    elif fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        if data.has_header:
-            w.writerow(names)
-        for r in rows:
-            w.writerow([r[n] for n in names])
-        atomic_write_text(output, buf.getvalue())
-    elif fmt == "jsonl":
-        atomic_write_text(output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    elif fmt == "json":
-        atomic_write_text(output, json.dumps(rows, ensure_ascii=False, indent=1) + "\n")
-    elif fmt == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        with atomic_file(output) as tmp:
-            pq.write_table(pa.Table.from_pylist(rows), tmp)
+def write_output(data: InputData, parts: Path, n_chunks: int, output: Path, fmt: str, originals: bool,
+                 types: Optional[dict[str, Any]] = None) -> tuple[int, list[dict[str, str]]]:
+    """Write every chunk's rows (then the input rows, with ``originals``) to ``output`` through the
+    table writer, in the input's layout, atomically. Returns the rows written and the first three
+    rewritten texts beside their inputs."""
+    text = data.text_columns[0]
+    names = [text] if fmt == "txt" else data.names
+    written, examples = 0, []
+    with table_writer(output, names, types, fmt=fmt, header=data.has_header) as write:
+        for src, cols in _output_chunks(data, parts, n_chunks):
+            examples += [{"input": str(data.columns[text][i]), "output": str(out)}
+                         for i, out in zip(src[:3 - len(examples)], cols[text], strict=False)]
+            write(cols)
+            written += len(src)
+        if originals:
+            write(data.columns)
+            written += len(data)
+    return written, examples

@@ -1,9 +1,11 @@
-"""Writing tables in chunks: CSV, TSV, JSONL or Parquet by the output's extension.
+"""Writing tables in chunks: CSV, TSV, JSONL, JSON, Parquet or TXT by the output's extension.
 
 ``finetune predict`` writes every input column back with its predictions appended, one chunk of
-rows at a time (the reader is ``sources.open_table``). The rows go to a temporary sibling of the
-output that is renamed over it at the end (``fsutil.atomic_file``): a failed or interrupted run
-leaves nothing under the output's name. In CSV/TSV a list value is joined with ``,``.
+rows at a time, and ``finetune augment`` its rewritten rows (the reader is ``sources.open_table``).
+The rows go to a temporary sibling of the output that is renamed over it at the end
+(``fsutil.atomic_file``): a failed or interrupted run leaves nothing under the output's name. In
+CSV/TSV a list value is joined with ``,``; a TSV or TXT cell has its tabs and line breaks made spaces,
+so every row stays one line.
 """
 
 from __future__ import annotations
@@ -15,27 +17,35 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune_cli.data.sources import Table, detect_format, resolve_path
+from finetune_cli.data.sources import Table, resolve_path
 from finetune_cli.errors import DataError
 from finetune_cli.fsutil import atomic_file, check_output_file
 
-FORMATS = ("csv", "tsv", "jsonl", "parquet")
+# Every format :func:`table_writer` writes. TXT (one text a line, no header) holds one column; a
+# JSON file is one array of records, a JSONL file one record a line.
+FORMATS = ("csv", "tsv", "jsonl", "json", "parquet", "txt")
+TABLE_FORMATS = ("csv", "tsv", "jsonl", "parquet")  # the default: a .json name writes JSON Lines
 
 
-def table_format(path: str | Path) -> str:
-    fmt = detect_format(Path(path), "auto") if Path(path).suffix else ""
-    if fmt == "json":
+def table_format(path: str | Path, default: Optional[str] = None, formats: Sequence[str] = TABLE_FORMATS,
+                 what: str = "--output") -> str:
+    """The format ``path``'s extension names (``default`` when it has none), one of ``formats``."""
+    suffix = Path(path).suffix
+    fmt = suffix[1:].lower() if suffix else (default or "")
+    if fmt == "json" and "json" not in formats and "jsonl" in formats:
         fmt = "jsonl"
-    if fmt not in FORMATS:
-        raise DataError(f"{path}: use a .csv, .tsv, .jsonl or .parquet file")
+    if fmt not in formats:
+        why = f"unknown output format `{suffix}`" if suffix else "no extension names its format"
+        raise DataError(f"cannot write {path}: {why}; end {what} in .{', .'.join(formats)}")
     return fmt
 
 
-def check_table_output(output: str, input_path: Optional[str] = None, what: str = "--output") -> str:
-    """Everything about an output file that can be known before any work: its format, that it can
-    be written (not a folder, not under a file, its folder writable; pyarrow for Parquet) and that
-    it is not the input. Returns the format."""
-    fmt = table_format(output)
+def check_table_output(output: str | Path, input_path: Optional[str] = None, what: str = "--output",
+                       default: Optional[str] = None, formats: Sequence[str] = TABLE_FORMATS) -> str:
+    """Everything about an output file that can be known before any work: its format (one of
+    ``formats``, by extension, else ``default``), that it can be written (not a folder, not under a
+    file, its folder writable; pyarrow for Parquet) and that it is not the input. Returns the format."""
+    fmt = table_format(output, default, formats, what)
     check_output_file(output, what)
     if fmt == "parquet":
         try:
@@ -100,8 +110,12 @@ def _cell(v: Any) -> str:
     return "" if v is None else str(v)
 
 
+_ONE_LINE = str.maketrans("\t\r\n", "   ")  # a TSV/TXT cell: no tab or line break splits the row
+
+
 @contextlib.contextmanager
-def _sink(fmt: str, tmp: Path, names: Sequence[str], types: Mapping[str, Any]) -> Iterator[Callable[[dict], None]]:
+def _sink(fmt: str, tmp: Path, names: Sequence[str], types: Mapping[str, Any], header: bool
+          ) -> Iterator[Callable[[dict], None]]:
     """``write(columns)`` appending rows to ``tmp``; the file is closed (flushed) on the way out."""
     if fmt == "parquet":
         import pyarrow as pa
@@ -128,27 +142,42 @@ def _sink(fmt: str, tmp: Path, names: Sequence[str], types: Mapping[str, Any]) -
     def rows(cols: dict) -> Iterator[tuple]:
         return zip(*[cols[k] for k in names], strict=True)
 
+    def records(cols: dict, indent: Optional[int] = None) -> Iterator[str]:
+        return (json.dumps(dict(zip(names, row, strict=True)), ensure_ascii=False, indent=indent) for row in rows(cols))
+
     with tmp.open("w", encoding="utf-8", newline="") as f:
         if fmt == "csv":
             w = csv.writer(f)
-            w.writerow(names)
+            if header:
+                w.writerow(names)
             yield lambda cols: w.writerows([_cell(v) for v in row] for row in rows(cols))
-        elif fmt == "tsv":
-            f.write("\t".join(names) + "\n")
-            yield lambda cols: f.writelines("\t".join(_cell(v).replace("\t", " ").replace("\n", " ") for v in row)
-                                            + "\n" for row in rows(cols))
-        else:
-            yield lambda cols: f.writelines(json.dumps(dict(zip(names, row, strict=True)), ensure_ascii=False) + "\n"
+        elif fmt in ("tsv", "txt"):
+            if header and fmt == "tsv":
+                f.write("\t".join(names) + "\n")
+            yield lambda cols: f.writelines("\t".join(_cell(v).translate(_ONE_LINE) for v in row) + "\n"
                                             for row in rows(cols))
+        elif fmt == "jsonl":
+            yield lambda cols: f.writelines(r + "\n" for r in records(cols))
+        else:  # one JSON array, laid out as json.dumps(records, indent=1) lays it out
+            sep = ["[\n "]
+
+            def write_json(cols: dict) -> None:
+                for r in records(cols, indent=1):
+                    f.write(sep[0] + r.replace("\n", "\n "))
+                    sep[0] = ",\n "
+            yield write_json
+            f.write("[]\n" if sep[0] == "[\n " else "\n]\n")
 
 
 @contextlib.contextmanager
-def table_writer(path: str | Path, names: Sequence[str], types: Optional[Mapping[str, Any]] = None
-                 ) -> Iterator[Callable[[dict[str, list[Any]]], None]]:
+def table_writer(path: str | Path, names: Sequence[str], types: Optional[Mapping[str, Any]] = None,
+                 fmt: Optional[str] = None, header: bool = True) -> Iterator[Callable[[dict[str, list[Any]]], None]]:
     """Yield ``write(columns)``, called once per chunk (lists of equal length, keyed by ``names``).
     The rows go to a temporary sibling renamed over ``path`` when the block ends; if it raises (or
     is interrupted) the temporary file is removed and nothing is left under ``path``. ``types``:
-    the Parquet type of columns whose first chunk may not show it (e.g. a list that is empty)."""
-    fmt = table_format(path)
-    with atomic_file(path) as tmp, _sink(fmt, tmp, list(names), dict(types or {})) as write:
+    the Parquet type of columns whose first chunk may not show it (e.g. a list that is empty).
+    ``fmt``: the format (from :func:`check_table_output`; else ``path``'s extension); ``header``:
+    whether a CSV/TSV file starts with the column names (TXT has none)."""
+    fmt = fmt or table_format(path)
+    with atomic_file(path) as tmp, _sink(fmt, tmp, list(names), dict(types or {}), header) as write:
         yield write

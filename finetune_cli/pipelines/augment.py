@@ -26,19 +26,18 @@ from finetune_cli.augment import AugmentOptionError
 from finetune_cli.augment.chunks import chrf_metric, chunk_summary, compute_chunk
 from finetune_cli.augment.config import AugmentConfig, validate
 from finetune_cli.augment.io import (
-    OUTPUT_FORMATS,
     InputData,
     chunk_path,
     file_digest,
-    output_rows,
     parts_dir,
     read_chunk,
     read_input,
     write_output,
 )
 from finetune_cli.data.sources import resolve_path
+from finetune_cli.data.table_io import FORMATS, ColumnTypes, check_table_output
 from finetune_cli.errors import RunDirError
-from finetune_cli.fsutil import atomic_write_json, atomic_write_text, check_output_file, clean_stale_temps
+from finetune_cli.fsutil import atomic_write_json, atomic_write_text, clean_stale_temps
 from finetune_cli.rundir import same_job
 
 MANIFEST = "manifest.json"
@@ -73,7 +72,7 @@ def run_augment(cfg: AugmentConfig, ui, overwrite: bool = False) -> AugmentResul
     t0 = time.perf_counter()
     validate(cfg)
     data = read_input(cfg.input, cfg.format, tuple(cfg.columns), cfg.header)
-    out, out_fmt = _check_output(cfg, data)
+    out, out_fmt, types = _check_output(cfg, data)
     parts = parts_dir(out)
     n = len(data)
     n_chunks = (n + cfg.chunk_size - 1) // cfg.chunk_size
@@ -96,34 +95,27 @@ def run_augment(cfg: AugmentConfig, ui, overwrite: bool = False) -> AugmentResul
     resumed = _run_chunks(cfg, data, parts, n_chunks, translator, chrf, ui)
     if resumed:
         ui.log(f"resumed: {resumed} of {n_chunks} chunks were already done in {parts}")
-    rows = list(output_rows(data, parts, n_chunks))
     changed, chrf_mean = chunk_summary(data, parts, n_chunks)
-    examples = [{"input": str(data.columns[data.text_columns[0]][i // cfg.num_return]),
-                 "output": str(rows[i][data.text_columns[0]])} for i in range(min(3, len(rows)))]
-    if cfg.keep_originals:
-        rows += [{name: data.columns[name][i] for name in data.names} for i in range(n)]
-    write_output(rows, data, out, out_fmt)
+    rows_written, examples = write_output(data, parts, n_chunks, out, out_fmt, cfg.keep_originals, types)
     shutil.rmtree(parts, ignore_errors=True)
     return AugmentResult(
         input=cfg.input, output=str(out), method=cfg.method, columns=list(data.text_columns), rows_in=n,
-        rows_written=len(rows), variants_per_row=cfg.num_return, originals_appended=cfg.keep_originals,
+        rows_written=rows_written, variants_per_row=cfg.num_return, originals_appended=cfg.keep_originals,
         fraction_changed=changed, chrf_mean=chrf_mean, chunks=n_chunks, chunks_resumed=resumed,
         seconds=time.perf_counter() - t0, device=device, settings=manifest["settings"], examples=examples)
 
 
-def _check_output(cfg: AugmentConfig, data: InputData) -> tuple[Path, str]:
-    """The output path and format, checked before anything is computed."""
+def _check_output(cfg: AugmentConfig, data: InputData) -> tuple[Path, str, Optional[dict[str, Any]]]:
+    """The output path, its format (the input's when its name has no extension) and a Parquet
+    output's column types, checked before anything is computed."""
     out = Path(cfg.output).expanduser()
-    out_fmt = out.suffix.lstrip(".").lower() if out.suffix else data.format
-    if out_fmt not in OUTPUT_FORMATS:
-        raise AugmentOptionError(f"cannot write {cfg.output}: unknown output format `{out.suffix or out_fmt}`; "
-                                 f"end --output in .{', .'.join(OUTPUT_FORMATS)}")
+    out_fmt = check_table_output(out, cfg.input, "--output", default=data.format, formats=FORMATS)
     if out_fmt == "txt" and len(data.text_columns) > 1:
         raise AugmentOptionError(f"cannot write pairs to the plain-text file {cfg.output}; use .tsv, .csv or .jsonl")
-    if out.resolve() == resolve_path(cfg.input).resolve():
-        raise AugmentOptionError(f"--output {cfg.output} is the input file; choose another path")
-    check_output_file(out, "--output")
-    return out, out_fmt
+    types = ColumnTypes() if out_fmt == "parquet" else None
+    if types is not None:  # the input's column types (a rewritten text is a text): a mixed column is refused now
+        types.add(data.table)
+    return out, out_fmt, types.arrow_types() if types else None
 
 
 def _load_translator(cfg: AugmentConfig, ui):

@@ -254,6 +254,22 @@ def test_headerless_file_by_index_and_txt(tmp_path):
     assert res.exit_code == 0 and len((tmp_path / "s2.txt").read_text().splitlines()) == 5
 
 
+@pytest.mark.parametrize("ext", ["tsv", "csv", "jsonl", "json", "parquet"])
+def test_every_output_format_reads_back(tmp_path, ext):
+    """Each format is written by the one table writer and read back by the table reader, rows in order."""
+    from finetune_cli.data.sources import open_table
+
+    src, rows = sst_like(tmp_path, n=7)
+    out = tmp_path / f"out.{ext}"
+    res = invoke("-i", src, "-o", out, "--delete-one-word", "-n", "2", "--chunk-size", "3", "--keep-originals", "-q")
+    assert res.exit_code == 0, res.output
+    tf = open_table(str(out), header="yes")
+    got = tf.read({n: n for n in tf.names}).columns
+    assert list(got) == ["id", "sentence", "label"]
+    assert got["id"] == [r[0] for r in rows for _ in range(2)] + [r[0] for r in rows]
+    assert got["sentence"][14:] == [r[1] for r in rows] and got["label"][14:] == [r[2] for r in rows]
+
+
 # ---- bad input ----------------------------------------------------------------------------------------
 
 def test_help_lists_augment():

@@ -413,6 +413,8 @@ CASES = [
     C("augment-text-list", [*AUG, "-i", "{list_text_jsonl}", "-o", "{tmp}/a.jsonl", "-c", "sentence"], 2, "row 2",
       "list"),
     C("augment-input-dir", [*AUG, "-i", "{tmp}", "-o", "{tmp}/a.tsv", "-c", "sentence"], 2, "is a directory"),
+    C("augment-parquet-mixed-types", [*AUG, "-i", "{mixed_id_jsonl}", "-o", "{tmp}/a.parquet", "-c", "sentence"], 2,
+      "column `id`", "row 2", "Parquet", left=["{tmp}/a.parquet", "{tmp}/a.parquet.parts"]),
     # ---- probe --------------------------------------------------------------------------------
     C("probe-training-recipe", ["probe", "sequential", "-r", "quickstart", "-q"], 2, "quickstart"),
     C("probe-epochs-inf", [*PROBE, "train.epochs=.inf"], 2, "train.epochs"),
