@@ -24,7 +24,7 @@ from finetune_cli.fsutil import atomic_file, check_output_file
 # Every format :func:`table_writer` writes. TXT (one text a line, no header) holds one column; a
 # JSON file is one array of records, a JSONL file one record a line.
 FORMATS = ("csv", "tsv", "jsonl", "json", "parquet", "txt")
-TABLE_FORMATS = ("csv", "tsv", "jsonl", "parquet")  # the default: a .json name writes JSON Lines
+TABLE_FORMATS = ("csv", "tsv", "jsonl", "json", "parquet")  # those that hold any columns
 
 
 def table_format(path: str | Path, default: Optional[str] = None, formats: Sequence[str] = TABLE_FORMATS,
@@ -32,8 +32,6 @@ def table_format(path: str | Path, default: Optional[str] = None, formats: Seque
     """The format ``path``'s extension names (``default`` when it has none), one of ``formats``."""
     suffix = Path(path).suffix
     fmt = suffix[1:].lower() if suffix else (default or "")
-    if fmt == "json" and "json" not in formats and "jsonl" in formats:
-        fmt = "jsonl"
     if fmt not in formats:
         why = f"unknown output format `{suffix}`" if suffix else "no extension names its format"
         raise DataError(f"cannot write {path}: {why}; end {what} in .{', .'.join(formats)}")

@@ -46,7 +46,7 @@ def _read(path) -> dict[str, list]:
     return tf.read({n: n for n in tf.names}, optional=tf.names).columns
 
 
-@pytest.mark.parametrize("ext", ["jsonl", "csv", "tsv", "parquet"])
+@pytest.mark.parametrize("ext", ["jsonl", "json", "csv", "tsv", "parquet"])
 def test_predict_in_chunks_equals_predict_whole(classifier, rows_file, tmp_path, ext):
     res = {}
     for size in (5, WHOLE):
