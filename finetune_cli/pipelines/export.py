@@ -6,7 +6,8 @@
   (``models/onnx.py``) that ``predict``, ``eval`` and ``embed`` run in onnxruntime.
 
 The model is loaded through the inference session, as ``predict`` loads it; the output folder is
-written aside and renamed into place (an interrupted export leaves nothing).
+checked first by the rule every command's output folder goes through (``fsutil.check_writable_dir``),
+then written aside and renamed into place (an interrupted export leaves it empty or as it was).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from finetune_cli.engine.inference import open_session
-from finetune_cli.errors import ModelError, OutputError
-from finetune_cli.fsutil import atomic_dir
+from finetune_cli.errors import ModelError, RunDirError
+from finetune_cli.fsutil import atomic_dir, check_writable_dir
 from finetune_cli.models.loading import HEAD_SPEC, default_max_length, save_text_model
 from finetune_cli.models.lora import is_adapter_folder
 from finetune_cli.models.onnx import copy_folder_files, export_onnx, require_onnx
@@ -43,11 +44,9 @@ class ExportResult:
 
 def _check_output(output: str, overwrite: bool) -> Path:
     out = Path(output)
-    if out.is_file():
-        raise OutputError(f"output {out} is a file, not a folder")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise OutputError(f"output folder {out} is not empty; pass --overwrite to replace it")
-    return out
+        raise RunDirError(f"output folder {out} is not empty; pass --overwrite to replace it")
+    return check_writable_dir(out, "output folder")
 
 
 def run_export(model_name: str, output: str, ui, *, fmt: str = "transformers", merge: bool = False,

@@ -157,6 +157,7 @@ EVAL = ["eval", "{run}", "--device", "cpu", "--no-figures", "-q"]
 EMBED = ["embed", "{run}", "--device", "cpu", "-q"]
 PREDICT = ["predict", "{run}", "-i", "{good_tsv}", "-c", "sentence", "-o", "{tmp}/p.csv", "--device", "cpu", "-q"]
 AUG = ["augment", "--delete-words", "0.3", "-q"]
+EXPORT = ["export", "{run}", "--merge", "-q", "-o"]
 REPORT = ["report", "{run}", "--no-plot"]
 PROBE = ["probe", "sequential", "-r", "probe_sequential", "model.name={model}", "output.dir={tmp}/runs", "-q"]
 SEED_HUGE = str(2**63)
@@ -425,6 +426,12 @@ CASES = [
     C("probe-task-header-twice", [*PROBE, "~probe.tasks.sst2.data.dataset", "probe.tasks.sst2.data.train={dup_header_tsv}",
                                   "probe.tasks.sst2.data.eval={dup_header_tsv}", "probe.tasks.sst2.data.columns.text=sentence"],
       2, "appears twice", "dup_header.tsv"),
+    # ---- export -------------------------------------------------------------------------------
+    C("export-out-is-file", [*EXPORT, "{afile}"], 5, "afile", "is a file"),
+    C("export-out-under-file", [*EXPORT, "{afile}/m"], 5, "afile"),
+    C("export-out-read-only", [*EXPORT, "{ro}/m"], 5, "read-only", left=["{ro}/m"]),
+    C("export-out-not-empty", [*EXPORT, "{tmp}/full"], 2, "not empty", "--overwrite",
+      setup=_write("{tmp}/full/keep.txt", "mine\n")),
     # ---- report -------------------------------------------------------------------------------
     C("report-summary-list", REPORT, 2, "summary.json", setup=_write("{run}/summary.json", "[1, 2]\n")),
     C("report-summary-truncated", REPORT, 2, "summary.json", setup=_truncate("{run}/summary.json")),
@@ -569,7 +576,7 @@ def test_table_size():
     ids = [c.values[0].id for c in CASES]
     assert len(ids) == len(set(ids)) and len(ids) >= 60
     commands = {c.values[0].argv[0] for c in CASES}
-    assert commands == {"train", "eval", "predict", "embed", "augment", "probe", "report", "recipes"}
+    assert commands == {"train", "eval", "predict", "embed", "augment", "export", "probe", "report", "recipes"}
 
 
 def test_outputs_follow_the_umask(tmp_path):
