@@ -23,6 +23,7 @@ from finetune_cli.ui import REPORTS_ENV, UI, is_main_process, launched_world_siz
 RecipeOpt = Annotated[str, typer.Option("--recipe", "-r", help="YAML recipe file, or the name of a packaged recipe.")]
 Overrides = Annotated[Optional[list[str]], typer.Argument(
     help="Recipe overrides: key=value (value parsed as YAML) or ~key to drop a key.", show_default=False)]
+ModelArg = Annotated[str, typer.Argument(help="Run directory, model folder, `embedded`, or hub id.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
 PrecisionOpt = Annotated[str, typer.Option(
     "--precision", help="auto | fp32 | bf16 | fp16. auto: bf16 on a GPU that has it, else fp32 (as "

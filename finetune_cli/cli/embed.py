@@ -6,13 +6,21 @@ from typing import Annotated, Optional
 
 import typer
 
-from finetune_cli.cli.common import DeviceOpt, JsonOpt, PrecisionOpt, QuietOpt, emit_json, handle_errors
+from finetune_cli.cli.common import (
+    DeviceOpt,
+    JsonOpt,
+    ModelArg,
+    PrecisionOpt,
+    QuietOpt,
+    emit_json,
+    handle_errors,
+)
 from finetune_cli.ui import UI
 
 
 @handle_errors
 def embed_cmd(
-    model: Annotated[str, typer.Argument(help="Run directory, model folder, `embedded`, or hub id.")],
+    model: ModelArg,
     input: Annotated[str, typer.Argument(help="Sentences: a .txt file (one per line) or a csv/tsv/jsonl/parquet file.")],
     output: Annotated[str, typer.Option("--output", "-o", help="Output .npy (+ .ids.npy with row ids) or .parquet.")],
     column: Annotated[Optional[str], typer.Option("--column", "-c", help="Column to embed (name or 0-based index; default: text).")] = None,

@@ -12,6 +12,7 @@ from finetune_cli.cli.common import (
     DeviceOpt,
     ExpectOpt,
     JsonOpt,
+    ModelArg,
     Overrides,
     PrecisionOpt,
     QuietOpt,
@@ -23,7 +24,7 @@ from finetune_cli.ui import UI
 
 @handle_errors
 def eval_cmd(
-    model: Annotated[str, typer.Argument(help="Run directory, model folder, `embedded`, or hub id.")],
+    model: ModelArg,
     overrides: Overrides = None,
     recipe: Annotated[Optional[str], typer.Option(
         "--recipe", "-r", help="Recipe naming the evaluation data (default: the run directory's own).")] = None,
