@@ -138,6 +138,12 @@ class InferenceSession:
     def pad_id(self) -> int:
         return pad_id(self.tokenizer)
 
+    @property
+    def label_names(self) -> list[str]:
+        """A classifier's label names in id order, from its config's ``id2label`` (what its logits mean)."""
+        id2label = getattr(self.model.config, "id2label", None) or {}
+        return [str(id2label[i]) for i in sorted(id2label)][: self.model.spec.num_labels]
+
     def encode(self, table: Table, columns: Sequence[str], *, joint: bool, use_cache: bool = True) -> EncodedData:
         """Tokenise ``columns`` of ``table`` at the session's length (a pair jointly or as two views)."""
         return encode_table(table, self.tokenizer, self.max_length, tuple(columns), joint=joint, use_cache=use_cache)

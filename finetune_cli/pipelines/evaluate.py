@@ -80,8 +80,7 @@ def run_eval(model_name: str, plan: Plan, ui, *, device: str = "auto", precision
     # and its id2label decide how the evaluation labels are read.
     spec = model.spec
     lt = LABEL_TYPES.get(spec.problem_type, "class")
-    id2label = getattr(model.config, "id2label", None) or {}
-    names = [id2label[i] for i in sorted(id2label)] if lt in ("class", "multi") else None
+    names = sess.label_names if lt in ("class", "multi") else None
     # (``train.metric`` is training's choice: the model's problem type decides what is computed here)
     plan = plan.with_recipe(dataclasses.replace(
         recipe, data=dataclasses.replace(recipe.data, label_names=names),

@@ -87,9 +87,7 @@ def run_predict(model_name: str, input_path: str, output: str, ui, *, column: st
     if not model.has_classifier:
         raise ModelError(f"{path} is an embedding model (no classification head); use `finetune embed {model_name} "
                          f"FILE --output OUT.npy` for its embeddings")
-    spec = model.spec
-    id2label = getattr(model.config, "id2label", None) or {}
-    labels = [str(id2label[i]) for i in sorted(id2label)][: spec.num_labels]
+    spec, labels = model.spec, sess.label_names
     added, types = _output_columns(spec, labels, src, input_path)
     counted: Counter = Counter()
     optional = set(src.names) - set(src.texts)  # a record may lack any other key
