@@ -21,9 +21,8 @@ from finetune_cli.data.sources import Table, resolve_path
 from finetune_cli.errors import DataError
 from finetune_cli.fsutil import atomic_file, check_output_file
 
-# Every format :func:`table_writer` writes. TXT (one text a line, no header) holds one column; a
-# JSON file is one array of records, a JSONL file one record a line.
-FORMATS = ("csv", "tsv", "jsonl", "json", "parquet", "txt")
+# table_writer writes every format the reader reads (``sources.FORMATS``). TXT (one text a line, no
+# header) holds one column; a JSON file is one array of records, a JSONL file one record a line.
 TABLE_FORMATS = ("csv", "tsv", "jsonl", "json", "parquet")  # those that hold any columns
 
 

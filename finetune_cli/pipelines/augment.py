@@ -34,8 +34,8 @@ from finetune_cli.augment.io import (
     read_input,
     write_output,
 )
-from finetune_cli.data.sources import resolve_path
-from finetune_cli.data.table_io import FORMATS, ColumnTypes, check_table_output
+from finetune_cli.data.sources import FORMATS, resolve_path
+from finetune_cli.data.table_io import ColumnTypes, check_table_output
 from finetune_cli.errors import RunDirError
 from finetune_cli.fsutil import atomic_write_json, atomic_write_text, clean_stale_temps
 from finetune_cli.rundir import same_job
