@@ -14,9 +14,9 @@ from finetune_cli.ui import UI
 def predict_cmd(
     model: Annotated[str, typer.Argument(help="Run directory, saved model folder, any transformers "
                                               "*ForSequenceClassification folder, or hub id.")],
-    input: Annotated[str, typer.Option("--input", "-i", help="Rows to classify: .csv, .tsv, .jsonl or .parquet.")],
+    input: Annotated[str, typer.Option("--input", "-i", help="Rows to classify: .csv, .tsv, .jsonl, .json or .parquet.")],
     output: Annotated[str, typer.Option("--output", "-o", help="Where to write them with their predictions "
-                                                               "(format by extension: csv, tsv, jsonl, parquet).")],
+                                                               "(format by extension: csv, tsv, jsonl, json, parquet).")],
     column: Annotated[str, typer.Option("--column", "-c", help="Text column.")] = "text",
     pair_column: Annotated[Optional[str], typer.Option("--pair-column", help="Second text column (sentence pairs).")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 64,
