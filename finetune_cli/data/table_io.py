@@ -156,14 +156,15 @@ def _sink(fmt: str, tmp: Path, names: Sequence[str], types: Mapping[str, Any], h
         elif fmt == "jsonl":
             yield lambda cols: f.writelines(r + "\n" for r in records(cols))
         else:  # one JSON array, laid out as json.dumps(records, indent=1) lays it out
-            sep = ["[\n "]
+            empty = True
 
             def write_json(cols: dict) -> None:
+                nonlocal empty
                 for r in records(cols, indent=1):
-                    f.write(sep[0] + r.replace("\n", "\n "))
-                    sep[0] = ",\n "
+                    f.write(("[\n " if empty else ",\n ") + r.replace("\n", "\n "))
+                    empty = False
             yield write_json
-            f.write("[]\n" if sep[0] == "[\n " else "\n]\n")
+            f.write("[]\n" if empty else "\n]\n")
 
 
 @contextlib.contextmanager

@@ -112,10 +112,12 @@ def _check_output(cfg: AugmentConfig, data: InputData) -> tuple[Path, str, Optio
     out_fmt = check_table_output(out, cfg.input, "--output", default=data.format, formats=FORMATS)
     if out_fmt == "txt" and len(data.text_columns) > 1:
         raise AugmentOptionError(f"cannot write pairs to the plain-text file {cfg.output}; use .tsv, .csv or .jsonl")
-    types = ColumnTypes() if out_fmt == "parquet" else None
-    if types is not None:  # the input's column types (a rewritten text is a text): a mixed column is refused now
-        types.add(data.table)
-    return out, out_fmt, types.arrow_types() if types else None
+    types = None
+    if out_fmt == "parquet":  # the input's column types (a rewritten text is a text): a mixed column is refused now
+        seen = ColumnTypes()
+        seen.add(data.table)
+        types = seen.arrow_types()
+    return out, out_fmt, types
 
 
 def _load_translator(cfg: AugmentConfig, ui):
