@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 ANCHORS = ("probe", "setfit")
+# SetFit's settings in the study (its defaults for a few-shot run), part of each SetFit cell's key in the ledger
+SETFIT_SETTINGS = {"num_iterations": 20, "batch_size": 16, "epochs": 1}
 
 
 def classification_result(logits_or_proba: np.ndarray, labels: np.ndarray, proba: bool = False) -> dict[str, float]:
@@ -112,7 +114,8 @@ def setfit_available() -> str | None:
 
 
 def run_setfit(train_texts, train_labels, evals, model_path: str, seed: int, max_length: int,
-               num_iterations: int = 20, batch_size: int = 16, epochs: int = 1) -> dict[str, Any]:
+               num_iterations: int = SETFIT_SETTINGS["num_iterations"], batch_size: int = SETFIT_SETTINGS["batch_size"],
+               epochs: int = SETFIT_SETTINGS["epochs"]) -> dict[str, Any]:
     import tempfile
 
     from datasets import Dataset

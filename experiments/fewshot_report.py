@@ -68,18 +68,19 @@ def pts(x: float, sign: bool = True) -> str:
     return "–" if math.isnan(x) else (f"{100 * x:+.1f}" if sign else f"{100 * x:.1f}")
 
 
-def summary(results, shots, rows) -> list[str]:
+def summary(results, shots, rows, times: bool = True) -> list[str]:
     """Per N: each row's averages over the task groups, and its paired differences with the anchors."""
     groups = [(g, name, group_tasks(results, g)) for g, name in GROUPS]
     groups = [(g, name, ts) for g, name, ts in groups if ts]
     L = ["## Averages over tasks", "",
          "Test-half accuracy in points (mean over the group's tasks of the mean over seeds); `Δ setfit`, `Δ probe`: "
          "the paired difference (same seeds) averaged over the group's tasks; `select`: selection-half accuracy "
-         "averaged over all tasks, the number the recipes are chosen by; wall: seconds a run, mean over tasks.", ""]
+         "averaged over all tasks, the number the recipes are chosen by" + ("; wall: seconds a run, mean over tasks."
+                                                                            if times else "."), ""]
     for n in shots:
         head = [f"{name} acc" for _, name, _ in groups] + [f"{name} Δ setfit" for _, name, _ in groups]
-        L += [f"### N = {n} per class", "", "| row | " + " | ".join(head) + " | all Δ probe | select | wall s |",
-              "|---|" + "---:|" * (len(head) + 3)]
+        L += [f"### N = {n} per class", "", "| row | " + " | ".join(head) + " | all Δ probe | select |"
+              + (" wall s |" if times else ""), "|---|" + "---:|" * (len(head) + 2 + times)]
         for row in rows:
             cells = [pts(group_mean(results, ts, n, row), False) for _, _, ts in groups]
             cells += [pts(group_diff(results, ts, n, row, "setfit")) if row != "setfit" else "·" for _, _, ts in groups]
@@ -89,12 +90,12 @@ def summary(results, shots, rows) -> list[str]:
             vs_probe = pts(group_diff(results, alltasks, n, row, "probe")) if row != "probe" else "·"
             wall_s = "–" if math.isnan(wall) else f"{wall:.0f}"
             L.append(f"| {row} | " + " | ".join(cells) + f" | {vs_probe} | "
-                     f"{pts(group_mean(results, alltasks, n, row, 'select'), False)} | {wall_s} |")
+                     f"{pts(group_mean(results, alltasks, n, row, 'select'), False)} |" + (f" {wall_s} |" if times else ""))
         L.append("")
     return L
 
 
-def task_section(task: str, by_n: dict, files_rows: dict) -> list[str]:
+def task_section(task: str, by_n: dict, files_rows: dict, times: bool = True) -> list[str]:
     from finetune_cli.cli.report_render import fmt_ci, fmt_p
 
     t = fs.TASKS[task]
@@ -103,14 +104,15 @@ def task_section(task: str, by_n: dict, files_rows: dict) -> list[str]:
     for n, by_row in by_n.items():
         if not by_row:
             continue
-        L += [f"N = {n} per class:", "", "| row | seeds | test accuracy | ECE | select acc | steps | wall s/run | "
-                                         "CPU s/run |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        L += [f"N = {n} per class:", "", "| row | seeds | test accuracy | ECE | select acc | steps |"
+              + (" wall s/run | CPU s/run |" if times else ""), "|---|---:|---:|---:|---:|---:|" + "---:|" * (2 * times)]
         for row, recs in by_row.items():
             steps = sorted({r.get("steps") for r in recs.values() if r.get("steps")})
             L.append(f"| {row} | {len(recs)} | {ms(r['test']['accuracy'] for r in recs.values())} | "
                      f"{ms(r['test'].get('ece') for r in recs.values())} | {ms(r['select'] for r in recs.values())} | "
-                     f"{'/'.join(map(str, steps)) or '–'} | {mean(r['wall_s'] for r in recs.values()):.0f} | "
-                     f"{mean(r['cpu_s'] for r in recs.values()):.0f} |")
+                     f"{'/'.join(map(str, steps)) or '–'} |" + (f" {mean(r['wall_s'] for r in recs.values()):.0f} | "
+                                                               f"{mean(r['cpu_s'] for r in recs.values()):.0f} |"
+                                                               if times else ""))
         comps = [(a, b) for b in ANCHOR_ROWS if b in by_row for a in by_row if a != b and not (
             a == "probe" and b == "setfit")]
         if comps:
@@ -130,8 +132,11 @@ def protocol(args, cmd, hyper, anchors, notes, smoke) -> list[str]:
     if smoke:
         L += ["> **REDUCED RUN, not the full study.** Written by a run with fewer tasks, sizes, seeds or rows "
               "than the defaults; it shows what that command measured.", ""]
-    L += ["# Few-shot study: the few-shot recipes against a linear probe and SetFit 1.2", "", "Made by:", "",
-          "```", cmd, "```", "",
+    made = (["Written from the ledger (`" + rel_ledger(args) + "`, every finished cell of every run of the study) by:",
+             "", "```", cmd, "```", "", "The cells are made by the same command without `--report-only` (it skips "
+             "the cells already in the ledger, so it can be run in parts).", ""] if args.report_only
+            else ["Made by:", "", "```", cmd, "```", ""])
+    L += ["# Few-shot study: the few-shot recipes against a linear probe and SetFit 1.2", "", *made,
           f"- Model `{args.model}` (all-MiniLM-L6-v2 when `embedded`); max length "
           f"{args.max_length or '64 (pairs 128)'}. Seeds {args.seeds}: each seed draws N examples a class from the "
           "task's training rows, the same draw for every row.",
@@ -146,9 +151,28 @@ def protocol(args, cmd, hyper, anchors, notes, smoke) -> list[str]:
     if "probe" in anchors:
         L.append("  - `probe`: scikit-learn `LogisticRegression()` on the frozen body's mean-pooled embeddings.")
     if "setfit" in anchors:
-        L.append("  - `setfit`: SetFit 1.2, same body, batch 16, 1 epoch, `num_iterations=20`, logistic-regression head.")
+        st = fa.SETFIT_SETTINGS
+        L.append(f"  - `setfit`: SetFit 1.2, same body, batch {st['batch_size']}, {st['epochs']} epoch, "
+                 f"`num_iterations={st['num_iterations']}`, logistic-regression head.")
     if notes:
         L += ["", "Skipped:", ""] + [f"- {n}" for n in notes]
+    return L + [""]
+
+
+def rel_ledger(args) -> str:
+    return fs.rel(args.ledger)
+
+
+def coverage(results, shots) -> list[str]:
+    """What the page holds: per N, the tasks and the seeds each row has there."""
+    L = ["Cells on this page (task: seeds of each row):", ""]
+    for n in shots:
+        per = []
+        for task, by_n in results.items():
+            seeds = sorted({s for recs in by_n.get(n, {}).values() for s in recs})
+            if seeds:
+                per.append(f"{task} {','.join(map(str, seeds))}")
+        L.append(f"- N = {n}: " + ("; ".join(per) if per else "none"))
     return L + [""]
 
 
@@ -156,16 +180,23 @@ def write_results(path: Path, args, cmd, results, hyper, notes, anchors, torch) 
     shots = [int(s) for s in args.shots.split(",")]
     rows = list(dict.fromkeys(r for t in results.values() for by in t.values() for r in by))
     smoke = any(getattr(args, k) != v for k, v in fs.FULL.items()) or args.max_steps or args.overrides
-    L = protocol(args, cmd, hyper, anchors, notes, smoke) + summary(results, shots, rows) + ["## Per task", ""]
+    times = not args.no_times
+    L = (protocol(args, cmd, hyper, anchors, notes, smoke) + coverage(results, shots)
+         + summary(results, shots, rows, times) + ["## Per task", ""])
     for task, by_n in results.items():
         d = Path(args.out) / task / "data"
         sizes = {k: sum(1 for _ in open(d / f"{k}.jsonl")) for k in ("train", "select", "test") if (d / f"{k}.jsonl").is_file()}
-        L += task_section(task, by_n, sizes)
+        L += task_section(task, by_n, sizes, times)
     wall = sum(r["wall_s"] for t in results.values() for by in t.values() for recs in by.values() for r in recs.values())
     cpu = sum(r["cpu_s"] for t in results.values() for by in t.values() for recs in by.values() for r in recs.values())
-    L += ["## Cost", "", f"- Every run summed: {cpu / 60:.1f} CPU-minutes, {wall / 60:.1f} minutes wall-clock "
-                         "(each run's time is stored when it is made and kept when the study resumes).",
-          f"- Machine: {platform.machine()}, {os.cpu_count()} logical CPUs, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads), device `{args.device}`.", ""]
+    if times:
+        L += ["## Cost", "", f"- Every run summed: {cpu / 60:.1f} CPU-minutes, {wall / 60:.1f} minutes wall-clock "
+                             "(each run's time is stored when it is made and kept when the study resumes).",
+              f"- Machine: {platform.machine()}, {os.cpu_count()} logical CPUs, torch {torch.__version__} "
+              f"({torch.get_num_threads()} threads), device `{args.device}`.", ""]
+    else:
+        L += ["Times are left off this page (`--no-times`): its cells were made on a shared machine, where a run's "
+              "time measures the load as much as the run. The cost against SetFit is measured on an idle machine "
+              "by `bench/fewshot_cost.py`.", ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(L) + "\n", encoding="utf-8")

@@ -26,15 +26,24 @@ Protocol:
 
 A row label can name a variant: ``scl1:scl:views=1:crop=0.5:train.min_steps=100`` is the few-shot SCL
 recipe with those overrides, reported as ``scl1``. Rerunning the command reuses finished runs.
+
+Every finished cell (task, N, row, seed) is also appended to a ledger, ``experiments/results/fewshot.jsonl``
+by default (``--ledger``), which is kept in the repository: the whole study is many CPU-hours, so it is
+run in parts, on different machines and days, and the page is written from the ledger
+(``--report-only`` needs no run folder). A cell is keyed by a fingerprint of everything that decides
+its result (the resolved recipe or the anchor's settings, and the content of the task's three
+splits), so a changed recipe or split is trained anew instead of reusing a stale number.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
 import shlex
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -79,6 +88,7 @@ TASKS: dict[str, Task] = {
     "rte": Task("RTE", "train.tsv", "dev.tsv", {"text": "sentence1", "text_pair": "sentence2", "label": "label"},
                 "pair", max_length=128),
 }
+LEDGER = REPO / "experiments" / "results" / "fewshot.jsonl"
 FULL = {"tasks": ",".join(TASKS), "objectives": "ce,scl", "shots": "8,20,64", "seeds": "1-5",
         "anchors": "probe,setfit"}
 
@@ -99,6 +109,10 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=os.environ.get("FINETUNE_SHARED_DATA", str(REPO.parent / "shared" / "data")))
     p.add_argument("--out", default=str(REPO / "runs" / "fewshot"), help="runs and the task splits go here")
     p.add_argument("--results", default=str(REPO / "runs" / "fewshot" / "results.md"), help="Markdown results file")
+    p.add_argument("--ledger", default=str(LEDGER), help="the finished cells, one JSON line each, reused and "
+                                                         "appended to (default: %(default)s)")
+    p.add_argument("--no-times", action="store_true", help="leave wall and CPU seconds off the page (cells made "
+                                                           "on a shared or loaded machine)")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-figures", action="store_true", help="skip reliability / t-SNE PNGs of each run")
     p.add_argument("--keep", choices=("all", "best", "none"), default="none",
@@ -234,10 +248,87 @@ def cpu_seconds() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
+# ---- the ledger ------------------------------------------------------------------------------------
+
+class Ledger:
+    """The study's finished cells, one JSON line each: ``{task, n, row, seed, fp, record, ...provenance}``.
+
+    Appending is one ``write`` on a file opened with ``O_APPEND``, so two study processes (say, on
+    different tasks) can share one ledger. A line that does not parse stops the study with its path and
+    line number: a silently skipped cell would be a number quietly missing from the page."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.cells: dict[tuple, dict] = {}
+        if self.path.is_file():
+            for i, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    c = json.loads(line)
+                    self.cells[(c["task"], c["n"], c["row"], c["seed"], c["fp"])] = c["record"]
+                except (ValueError, KeyError, TypeError) as e:
+                    raise SystemExit(f"error: {self.path}:{i}: not a ledger line ({type(e).__name__}: {e})") from None
+
+    def get(self, task: str, n: int, row: str, seed: int, fp: str) -> dict | None:
+        return self.cells.get((task, n, row, seed, fp))
+
+    def add(self, task: str, n: int, row: str, seed: int, fp: str, record: dict) -> None:
+        if (task, n, row, seed, fp) in self.cells:
+            return
+        import torch
+
+        line = {"task": task, "n": n, "row": row, "seed": seed, "fp": fp, "record": record,
+                "made": time.strftime("%Y-%m-%d", time.gmtime()), "commit": _commit(),
+                "threads": torch.get_num_threads(), "load1": round(os.getloadavg()[0], 2)}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(line, sort_keys=True) + "\n").encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.cells[(task, n, row, seed, fp)] = record
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _hash(tree) -> str:
+    return hashlib.sha256(json.dumps(tree, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def data_hash(files: dict[str, Path]) -> str:
+    """The content of the task's three splits (their paths differ between machines, their rows must not)."""
+    return _hash({k: hashlib.sha256(Path(files[k]).read_bytes()).hexdigest() for k in ("train", "select", "test")})
+
+
+def recipe_fp(recipe, files: dict[str, Path]) -> str:
+    """A fine-tuning row's cell key: the resolved recipe (seeds, file paths and output excluded) and the splits."""
+    tree = recipe.fingerprinted(ignore_seeds=True)
+    tree["data"].pop("train", None)
+    tree["data"].pop("eval", None)
+    return _hash({"recipe": tree, "data": data_hash(files)})
+
+
+def anchor_fp(anchor: str, recipe, n: int, files: dict[str, Path]) -> str:
+    """An anchor's cell key: its settings, the body, the draw's size and the splits."""
+    settings = {"probe": "sklearn LogisticRegression()", "setfit": fa.SETFIT_SETTINGS}[anchor]
+    return _hash({"anchor": anchor, "settings": settings, "model": recipe.model.name,
+                  "max_length": recipe.model.max_length, "n": n, "data": data_hash(files)})
+
+
 # ---- running ---------------------------------------------------------------------------------------
 
-def run_row(args, plan, task: str, n: int, label: str, seeds, ui, test: Path) -> dict[int, dict]:
-    """Train (or reuse) and test every seed of one fine-tuning row; the per-seed records."""
+def run_row(args, plan, task: str, n: int, label: str, seeds, ui, files: dict[str, Path],
+            ledger: Ledger) -> dict[int, dict]:
+    """Train (or reuse, from the ledger or a finished run) and test every seed of one fine-tuning row;
+    the per-seed records."""
     from finetune_cli.pipelines.evaluate import eval_plan, run_eval
     from finetune_cli.pipelines.multiseed import run_seeds
     from finetune_cli.rundir import EVAL as EVAL_FILE
@@ -245,9 +336,12 @@ def run_row(args, plan, task: str, n: int, label: str, seeds, ui, test: Path) ->
     row_dir = Path(args.out) / task / f"n{n}" / label
     cost_file = row_dir / "cost.json"
     cost = json.loads(cost_file.read_text()) if cost_file.is_file() else {}
-    test = str(test)
+    test, fp = str(files["test"]), recipe_fp(plan.recipe, files)
     recs = {}
     for seed in seeds:
+        if (rec := ledger.get(task, n, label, seed, fp)) is not None:
+            recs[seed] = rec
+            continue
         if args.report_only and not (str(seed) in cost and (row_dir / f"seed-{seed}" / EVAL_FILE).is_file()):
             continue
         t0, c0 = time.perf_counter(), cpu_seconds()
@@ -266,10 +360,11 @@ def run_row(args, plan, task: str, n: int, label: str, seeds, ui, test: Path) ->
         summ = json.loads((o.run_dir / "summary.json").read_text())
         recs[seed] = {"test": {**ev["metrics"], "ece": ev["calibration"]["ece"]}, "select": summ.get("best_metric"),
                       "steps": summ.get("steps"), **cost[str(seed)]}
+        ledger.add(task, n, label, seed, fp, recs[seed])
     return recs
 
 
-def run_task(args, task: str, shots, seeds, objectives, anchors, ui, say, hyper) -> dict[int, dict]:
+def run_task(args, task: str, shots, seeds, objectives, anchors, ui, say, hyper, ledger: Ledger) -> dict[int, dict]:
     """Every row of one task at every N: ``{N: {row: {seed: record}}}``."""
     from finetune_cli.pipelines.recipes import load_plan
 
@@ -292,18 +387,22 @@ def run_task(args, task: str, shots, seeds, objectives, anchors, ui, say, hyper)
             hyper[label] = {"recipe": recipe_name(name), "objective": plan.recipe.objective.name,
                             **dict(plan.recipe.objective.params), "schedule": schedule_text(t)}
             say(f"== {task} · N={n} · {label} ==")
-            if recs := run_row(args, plan, task, n, label, seeds, ui, files["test"]):
+            if recs := run_row(args, plan, task, n, label, seeds, ui, files, ledger):
                 rows[n][label] = recs
         if base is None:
             base = load_plan(recipe_name("ce"), study_overrides(args, "ce", [], task, n, files, "ce")).recipe
         for anchor in anchors:
             say(f"== {task} · N={n} · {anchor} (anchor) ==")
-            adir = Path(args.out) / task / f"n{n}" / anchor
-            todo = [k for k in seeds if not args.report_only or (adir / f"seed-{k}" / "result.json").is_file()]
-            recs = fa.run_anchor(anchor, base, todo, files["test"], files["select"], adir, embed, cpu_seconds, say)
-            if recs:
-                rows[n][anchor] = {r["seed"]: {"test": r["metrics"]["test"], "select": r["metrics"]["select"]["accuracy"],
-                                               "wall_s": r["wall_s"], "cpu_s": r["cpu_s"]} for r in recs}
+            adir, fp = Path(args.out) / task / f"n{n}" / anchor, anchor_fp(anchor, base, n, files)
+            known = {k: r for k in seeds if (r := ledger.get(task, n, anchor, k, fp)) is not None}
+            todo = [k for k in seeds if k not in known
+                    and (not args.report_only or (adir / f"seed-{k}" / "result.json").is_file())]
+            for r in fa.run_anchor(anchor, base, todo, files["test"], files["select"], adir, embed, cpu_seconds, say):
+                known[r["seed"]] = {"test": r["metrics"]["test"], "select": r["metrics"]["select"]["accuracy"],
+                                    "wall_s": r["wall_s"], "cpu_s": r["cpu_s"]}
+                ledger.add(task, n, anchor, r["seed"], fp, known[r["seed"]])
+            if known:
+                rows[n][anchor] = {k: known[k] for k in seeds if k in known}
     return rows
 
 
@@ -338,8 +437,9 @@ def main(argv=None) -> int:
         print("error: no row to run (none of the objectives is registered, no anchor)", file=sys.stderr)
         return 2
     shots, seeds, hyper = [int(s) for s in args.shots.split(",")], parse_seeds(args.seeds), {}
+    ledger = Ledger(Path(args.ledger))
     t_wall = time.perf_counter()
-    results = {task: run_task(args, task, shots, seeds, objectives, anchors, ui, say, hyper) for task in tasks}
+    results = {task: run_task(args, task, shots, seeds, objectives, anchors, ui, say, hyper, ledger) for task in tasks}
     say(f"this invocation: wall {(time.perf_counter() - t_wall) / 60:.1f} min")
     cmd = "python experiments/fewshot_study.py" + "".join(
         f" {shlex.quote(a)}" for a in (argv if argv is not None else sys.argv[1:]))

@@ -121,7 +121,8 @@ def test_smallest_study_runs_end_to_end(tmp_path, tiny_model_dir):
     anchors = "probe" + ("" if study.fa.setfit_available() else ",setfit")
     argv = ["--tasks", "sst2,mrpc", "--shots", "2", "--seeds", "1", "--objectives", "ce,scl", "--anchors", anchors,
             "--max-steps", "2", "--model", str(tiny_model_dir), "--data-dir", str(data), "--out", str(tmp_path / "o"),
-            "--results", str(tmp_path / "R.md"), "--no-figures", "--quiet", "--device", "cpu"]
+            "--results", str(tmp_path / "R.md"), "--no-figures", "--quiet", "--device", "cpu",
+            "--ledger", str(tmp_path / "ledger.jsonl")]
     assert study.main(argv) == 0
     page = (tmp_path / "R.md").read_text()
     assert "REDUCED RUN" in page and "### mrpc" in page and "## Averages over tasks" in page
@@ -149,3 +150,46 @@ def test_anchor_and_recipe_draw_the_same_examples(tmp_path, task):
     a, b = study.fa.seed_data(ce, 3).train, study.fa.seed_data(scl, 3).train
     assert len(a.columns["text"]) == 8 and a.columns == b.columns
     assert a.columns["text"] != study.fa.seed_data(ce, 4).train.columns["text"]
+
+
+def test_ledger_keeps_every_cell_so_a_fresh_checkout_rewrites_the_page_and_a_changed_recipe_retrains(
+        tmp_path, tiny_model_dir):
+    """The ledger alone (no run folder) gives the same page; a recipe change is a new cell, not a reused one."""
+    study = load_study()
+    data, ledger = fake_data(tmp_path / "d"), tmp_path / "ledger.jsonl"
+
+    def argv(out, *more):
+        return ["--tasks", "sst2", "--shots", "2", "--seeds", "1,2", "--objectives", "ce", "--anchors", "probe",
+                "--max-steps", "2", "--model", str(tiny_model_dir), "--data-dir", str(data), "--out", str(out),
+                "--results", str(out / "R.md"), "--no-figures", "--quiet", "--device", "cpu", "--ledger", str(ledger),
+                *more]
+
+    assert study.main(argv(tmp_path / "o1")) == 0
+    cells = jsonl(ledger)
+    assert sorted((c["row"], c["seed"]) for c in cells) == [("ce", 1), ("ce", 2), ("probe", 1), ("probe", 2)]
+    assert all({"made", "commit", "threads", "load1", "fp"} <= set(c) for c in cells)
+    assert all(0 <= c["record"]["test"]["accuracy"] <= 1 for c in cells)
+
+    # a fresh out folder: nothing to reuse but the ledger; --report-only trains nothing and reports every cell
+    assert study.main(argv(tmp_path / "o2", "--report-only", "--no-times")) == 0
+    page = (tmp_path / "o2" / "R.md").read_text()
+    assert not (tmp_path / "o2" / "sst2" / "n2" / "ce").exists() and len(jsonl(ledger)) == 4
+    assert "Written from the ledger" in page and "- N = 2: sst2 1,2" in page and "wall s" not in page
+    first = (tmp_path / "o1" / "R.md").read_text()
+    row = next(ln for ln in first.splitlines() if ln.startswith("| ce | 2 |"))
+    assert row.rsplit("|", 3)[0] in page  # the same accuracy cells, times left off
+
+    # another recipe value is another cell: trained, appended, the old cells kept
+    assert study.main(argv(tmp_path / "o3", "--set", "train.lr=3e-5", "--seeds", "1")) == 0
+    after = jsonl(ledger)
+    assert len(after) == 5 and after[-1]["row"] == "ce" and after[-1]["fp"] != cells[0]["fp"]
+    assert (tmp_path / "o3" / "sst2" / "n2" / "ce" / "seed-1" / "summary.json").is_file()
+
+
+def test_a_damaged_ledger_line_stops_the_study_naming_the_line(tmp_path):
+    study = load_study()
+    f = tmp_path / "ledger.jsonl"
+    f.write_text('{"task": "sst2", "n": 8, "row": "ce", "seed": 1, "fp": "x", "record": {}}\n{"task": "sst2"\n')
+    with pytest.raises(SystemExit, match=r"ledger.jsonl:2: not a ledger line"):
+        study.Ledger(f)
+    assert study.Ledger(tmp_path / "none.jsonl").cells == {}
