@@ -109,8 +109,10 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=os.environ.get("FINETUNE_SHARED_DATA", str(REPO.parent / "shared" / "data")))
     p.add_argument("--out", default=str(REPO / "runs" / "fewshot"), help="runs and the task splits go here")
     p.add_argument("--results", default=str(REPO / "runs" / "fewshot" / "results.md"), help="Markdown results file")
-    p.add_argument("--ledger", default=str(LEDGER), help="the finished cells, one JSON line each, reused and "
-                                                         "appended to (default: %(default)s)")
+    p.add_argument("--ledger", default=None, help="the finished cells, one JSON line each, reused and appended "
+                                                  f"to (default: {LEDGER.relative_to(REPO)} for the study's protocol; "
+                                                  "<out>/ledger.jsonl for a smoke run: --max-steps, --max-length, "
+                                                  "--set or another --model)")
     p.add_argument("--no-times", action="store_true", help="leave wall and CPU seconds off the page (cells made "
                                                            "on a shared or loaded machine)")
     p.add_argument("--device", default="auto")
@@ -291,6 +293,15 @@ class Ledger:
         self.cells[(task, n, row, seed, fp)] = record
 
 
+def ledger_path(args) -> Path:
+    """``--ledger``, else the repository's ledger, which holds only cells of the study's protocol: a smoke
+    run (fewer steps, another length, an override, another body) keeps its cells beside its runs."""
+    if args.ledger:
+        return Path(args.ledger)
+    smoke = args.max_steps or args.max_length or args.overrides or args.model != "embedded"
+    return Path(args.out) / "ledger.jsonl" if smoke else LEDGER
+
+
 def _commit() -> str:
     try:
         return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -437,7 +448,8 @@ def main(argv=None) -> int:
         print("error: no row to run (none of the objectives is registered, no anchor)", file=sys.stderr)
         return 2
     shots, seeds, hyper = [int(s) for s in args.shots.split(",")], parse_seeds(args.seeds), {}
-    ledger = Ledger(Path(args.ledger))
+    args.ledger = ledger_path(args)
+    ledger = Ledger(args.ledger)
     t_wall = time.perf_counter()
     results = {task: run_task(args, task, shots, seeds, objectives, anchors, ui, say, hyper, ledger) for task in tasks}
     say(f"this invocation: wall {(time.perf_counter() - t_wall) / 60:.1f} min")

@@ -193,3 +193,13 @@ def test_a_damaged_ledger_line_stops_the_study_naming_the_line(tmp_path):
     with pytest.raises(SystemExit, match=r"ledger.jsonl:2: not a ledger line"):
         study.Ledger(f)
     assert study.Ledger(tmp_path / "none.jsonl").cells == {}
+
+
+def test_only_protocol_runs_default_to_the_repository_ledger(tmp_path):
+    study = load_study()
+    out = ["--out", str(tmp_path / "o")]
+    assert study.ledger_path(study.parse_args(out)) == study.LEDGER
+    assert study.ledger_path(study.parse_args([*out, "--objectives", "scl1:scl:views=1"])) == study.LEDGER
+    for smoke in (["--max-steps", "2"], ["--max-length", "32"], ["--set", "train.lr=1e-4"], ["--model", "x"]):
+        assert study.ledger_path(study.parse_args([*out, *smoke])) == tmp_path / "o" / "ledger.jsonl"
+    assert study.ledger_path(study.parse_args([*out, "--max-steps", "2", "--ledger", "L.jsonl"])) == Path("L.jsonl")
