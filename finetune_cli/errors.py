@@ -78,3 +78,9 @@ class PeerLostError(FinetuneError):
     this one cannot go on."""
 
     exit_code = 6
+
+
+def error_text(err: BaseException, limit: int | None = None) -> str:
+    """The message of ``err`` on one line (whitespace, newlines included, collapsed), cut at ``limit``
+    characters when given: the reason part of the one-line errors above."""
+    return " ".join(str(err).split())[:limit]

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune_cli.errors import FinetuneError, OutputError
+from finetune_cli.errors import FinetuneError, OutputError, error_text
 
 
 def current_umask() -> int:
@@ -89,7 +89,7 @@ def output_error(e: BaseException, path: Optional[str | Path], doing: str = "wri
         return OutputError(f"cannot {doing} {target}: a part of that path is a file, not a folder")
     if code == errno.EEXIST or code == errno.EISDIR:
         return OutputError(f"cannot {doing} {target}: {getattr(e, 'strerror', None) or e}")
-    reason = getattr(e, "strerror", None) or " ".join(str(e).split())[:160]
+    reason = getattr(e, "strerror", None) or error_text(e, 160)
     return OutputError(f"cannot {doing} {target}: {reason}")
 
 

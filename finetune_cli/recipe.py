@@ -25,7 +25,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from finetune_cli.errors import RecipeError
+from finetune_cli.errors import RecipeError, error_text
 
 PACKAGED_RECIPES = Path(__file__).resolve().parent / "recipes"
 # Seeds go to torch.manual_seed / numpy, which take at most 64-bit values; numpy's Generator
@@ -435,7 +435,7 @@ def apply_overrides(tree: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError as e:
-            raise RecipeError(f"override `{ov}`: value is not valid YAML ({_one_line(e)})") from None
+            raise RecipeError(f"override `{ov}`: value is not valid YAML ({error_text(e)})") from None
         node = tree
         keys = key.split(".")
         for k in keys[:-1]:
@@ -460,10 +460,6 @@ def _dotted(section: Any, prefix: str = "") -> list[str]:
     return [k for f in dataclasses.fields(section) if not f.metadata.get("internal")
             for k in (f"{prefix}{f.name}", *_dotted(next((a for a in typing.get_args(hints[f.name]) or (hints[f.name],)
                                                             if dataclasses.is_dataclass(a)), None), f"{prefix}{f.name}."))]
-
-
-def _one_line(err: Exception) -> str:
-    return " ".join(str(err).split())
 
 
 # ---- loading ----------------------------------------------------------------------------------
@@ -498,7 +494,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(e, "problem", None) or _one_line(e)
+        problem = getattr(e, "problem", None) or error_text(e)
         raise RecipeError(f"malformed YAML in {where}: {problem}") from None
     if data is None:
         return {}

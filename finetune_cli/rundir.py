@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 import yaml
 
-from finetune_cli.errors import CorruptCheckpointError, RecipeError, RunDirError
+from finetune_cli.errors import CorruptCheckpointError, RecipeError, RunDirError, error_text
 from finetune_cli.fsutil import WRITE_TEST_PREFIX
 from finetune_cli.recipe import Recipe, build_recipe
 
@@ -134,7 +134,7 @@ def file_problem(f: Path) -> Optional[str]:
             with f.open("rb") as fh:
                 fh.read(1)
     except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error, zipfile.BadZipFile, yaml.YAMLError) as e:
-        return f"{f.name} cannot be read ({' '.join(str(e).split())[:100]})"
+        return f"{f.name} cannot be read ({error_text(e, 100)})"
     return None
 
 
@@ -303,7 +303,7 @@ class RunDir:
         try:
             data = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-            raise RunDirError(f"{f} cannot be read ({' '.join(str(e).split())[:120]})") from None
+            raise RunDirError(f"{f} cannot be read ({error_text(e, 120)})") from None
         if not isinstance(data, dict):
             raise RunDirError(f"{f} is not a recipe (a YAML mapping), got {type(data).__name__}")
         try:
