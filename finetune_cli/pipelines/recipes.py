@@ -133,7 +133,7 @@ def validate_recipe(recipe: R) -> R:
         train = dataclasses.replace(train, metric=names[0] if names else "loss")
     elif names and metric not in names:
         raise RecipeError(f"`train.metric` in {recipe.source} is `{metric}`, which objective `{obj.name}` does "
-                          f"not compute" + closest(metric, names).replace("valid keys", "it computes"))
+                          f"not compute" + closest(metric, names, listing="it computes"))
     return dataclasses.replace(recipe, objective=obj, train=train)
 
 
