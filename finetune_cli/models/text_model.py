@@ -26,8 +26,6 @@ import torch
 from torch import nn
 
 POOLINGS = ("cls", "mean", "pooler", "max", "mean_sqrt_len_tokens")
-HEADS = ("native", "pooled")
-PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
 
 
 def pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor, how: str,
