@@ -72,13 +72,10 @@ def expand_run_dirs(paths: Sequence[str]) -> list[Path]:
         if not kids:
             raise RunDirError(f"{s} is not a finetune run directory (no recipe.yaml) and holds none")
         out.extend(kids)
-    seen: set[Path] = set()
-    uniq = []
+    first: dict[Path, Path] = {}  # a folder named twice (or by two paths) is listed once, where first named
     for p in out:
-        if p.resolve() not in seen:
-            seen.add(p.resolve())
-            uniq.append(p)
-    return uniq
+        first.setdefault(p.resolve(), p)
+    return list(first.values())
 
 
 def checkpoint_step(p: Path) -> int:
