@@ -17,6 +17,9 @@ Exit codes (also in the README and ``finetune --help``):
 ====  ==========================================================================================
 """
 
+import difflib
+from collections.abc import Iterable
+
 EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "unexpected internal error (rerun with --debug for the traceback)",
@@ -78,3 +81,16 @@ class PeerLostError(FinetuneError):
     this one cannot go on."""
 
     exit_code = 6
+
+
+def error_text(err: BaseException, limit: int | None = None) -> str:
+    """The message of ``err`` on one line (whitespace, newlines included, collapsed), cut at ``limit``
+    characters when given: the reason part of the one-line errors above."""
+    return " ".join(str(err).split())[:limit]
+
+
+def did_you_mean(word: str, options: Iterable[str], cutoff: float = 0.6) -> str:
+    """``; did you mean `x`?`` for the option closest in spelling to ``word`` (``difflib``, at least
+    ``cutoff`` alike), or "" when none is: the hint the error messages append."""
+    m = difflib.get_close_matches(word, list(options), n=1, cutoff=cutoff)
+    return f"; did you mean `{m[0]}`?" if m else ""

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune_cli.errors import FinetuneError, OutputError
+from finetune_cli.errors import FinetuneError, OutputError, error_text
 
 
 def current_umask() -> int:
@@ -89,16 +89,15 @@ def output_error(e: BaseException, path: Optional[str | Path], doing: str = "wri
         return OutputError(f"cannot {doing} {target}: a part of that path is a file, not a folder")
     if code == errno.EEXIST or code == errno.EISDIR:
         return OutputError(f"cannot {doing} {target}: {getattr(e, 'strerror', None) or e}")
-    reason = getattr(e, "strerror", None) or " ".join(str(e).split())[:160]
+    reason = getattr(e, "strerror", None) or error_text(e, 160)
     return OutputError(f"cannot {doing} {target}: {reason}")
 
 
-def _file_ancestor(p: Path) -> Optional[Path]:
-    """The nearest existing ancestor of ``p`` when it is a file (then nothing can be made under it)."""
-    for parent in p.parents:
-        if parent.exists():
-            return None if parent.is_dir() else parent
-    return None
+def _refuse_file_ancestor(p: Path, what: str) -> None:
+    """Refuse ``p`` when its nearest existing ancestor is a file (then nothing can be made under it)."""
+    blocker = next((parent for parent in p.parents if parent.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise OutputError(f"{what} {p} lies under {blocker}, which is a file")
 
 
 def ensure_dir(path: str | Path, what: str = "output folder") -> Path:
@@ -106,9 +105,7 @@ def ensure_dir(path: str | Path, what: str = "output folder") -> Path:
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise OutputError(f"{what} {p} is a file, not a folder")
-    blocker = _file_ancestor(p)
-    if blocker is not None:
-        raise OutputError(f"{what} {p} lies under {blocker}, which is a file")
+    _refuse_file_ancestor(p, what)
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -138,9 +135,7 @@ def check_output_file(path: str | Path, what: str = "output") -> Path:
     p = Path(path)
     if p.is_dir():
         raise OutputError(f"{what} {p} is a folder, not a file")
-    blocker = _file_ancestor(p)
-    if blocker is not None:
-        raise OutputError(f"{what} {p} lies under {blocker}, which is a file")
+    _refuse_file_ancestor(p, what)
     check_writable_dir(p.parent, f"folder of {what}")
     return p
 

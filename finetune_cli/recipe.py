@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
-import difflib
 import hashlib
 import json
 import math
@@ -25,7 +24,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from finetune_cli.errors import RecipeError
+from finetune_cli.errors import RecipeError, did_you_mean, error_text
 
 PACKAGED_RECIPES = Path(__file__).resolve().parent / "recipes"
 # Seeds go to torch.manual_seed / numpy, which take at most 64-bit values; numpy's Generator
@@ -284,14 +283,18 @@ TRAINER_NAMES: dict[str, str] = {
 }
 
 
-def closest(key: str, options: Sequence[str]) -> str:
+def closest(key: str, options: Sequence[str], listing: Optional[str] = "valid keys") -> str:
+    """The hint for an unknown ``key``: its name in our vocabulary when it is a transformers Trainer
+    name, else the one option it begins, else the closest spelling, else ``; <listing>: <options>``
+    (nothing when ``listing`` is None)."""
     ours = TRAINER_NAMES.get(key.rsplit(".", 1)[-1])
     if ours and ours.split("=")[0] != key:  # (`train.seed` is our own key)
         return f"; did you mean `{ours}`? (`{key.rsplit('.', 1)[-1]}` is a transformers Trainer name)"
 
     prefixed = [o for o in options if key and str(o).startswith(key)]
-    m = prefixed[:1] if len(prefixed) == 1 else difflib.get_close_matches(key, list(options), n=1, cutoff=0.5)
-    return f"; did you mean `{m[0]}`?" if m else f"; valid keys: {', '.join(options)}"
+    if len(prefixed) == 1:
+        return f"; did you mean `{prefixed[0]}`?"
+    return did_you_mean(key, options, cutoff=0.5) or (f"; {listing}: {', '.join(options)}" if listing else "")
 
 
 def _type_name(tp: Any) -> str:
@@ -423,9 +426,8 @@ def apply_overrides(tree: dict[str, Any], overrides: Sequence[str]) -> dict[str,
                 node.pop(keys[-1])
             elif ov[1:] not in (known := [*_dotted(Recipe), *_dotted(ProbeRecipe), *_dotted(tree)]):
                 # a key the recipe may hold but does not is already at its default; anything else is a typo
-                m = difflib.get_close_matches(ov[1:], known, n=1, cutoff=0.6)
                 raise RecipeError(f"override `{ov}`: there is no key `{ov[1:]}` to drop"
-                                  + (f"; did you mean `{m[0]}`?" if m else ""))
+                                  + did_you_mean(ov[1:], known, cutoff=0.6))
             continue
         if "=" not in ov:
             raise RecipeError(f"override `{ov}` must look like key=value or ~key")
@@ -435,7 +437,7 @@ def apply_overrides(tree: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError as e:
-            raise RecipeError(f"override `{ov}`: value is not valid YAML ({_one_line(e)})") from None
+            raise RecipeError(f"override `{ov}`: value is not valid YAML ({error_text(e)})") from None
         node = tree
         keys = key.split(".")
         for k in keys[:-1]:
@@ -462,10 +464,6 @@ def _dotted(section: Any, prefix: str = "") -> list[str]:
                                                             if dataclasses.is_dataclass(a)), None), f"{prefix}{f.name}."))]
 
 
-def _one_line(err: Exception) -> str:
-    return " ".join(str(err).split())
-
-
 # ---- loading ----------------------------------------------------------------------------------
 
 def resolve_recipe_path(recipe: str | Path) -> Path:
@@ -480,9 +478,8 @@ def resolve_recipe_path(recipe: str | Path) -> Path:
             return cand
     # Names as `finetune train -r` takes them: `scl`, `fewshot/scl` (sub-folders keep their prefix).
     known = sorted(q.relative_to(PACKAGED_RECIPES).with_suffix("").as_posix() for q in PACKAGED_RECIPES.rglob("*.yaml"))
-    m = difflib.get_close_matches(p.with_suffix("").as_posix() if p.suffix in (".yaml", ".yml") else str(recipe),
-                                  known, n=1, cutoff=0.75)
-    hint = f"; did you mean `{m[0]}`?" if m else f"; packaged recipes: {', '.join(known)}"
+    hint = did_you_mean(p.with_suffix("").as_posix() if p.suffix in (".yaml", ".yml") else str(recipe),
+                        known, cutoff=0.75) or f"; packaged recipes: {', '.join(known)}"
     raise RecipeError(f"recipe file not found: {recipe}{hint}")
 
 
@@ -498,7 +495,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(e, "problem", None) or _one_line(e)
+        problem = getattr(e, "problem", None) or error_text(e)
         raise RecipeError(f"malformed YAML in {where}: {problem}") from None
     if data is None:
         return {}
@@ -581,8 +578,7 @@ def _check_trackers(names: Sequence[str], src: str) -> None:
 
     for i, name in enumerate(names):
         if name not in TRACKERS:
-            m = difflib.get_close_matches(str(name), list(TRACKERS), n=1, cutoff=0.5)
-            hint = f"; did you mean `{m[0]}`?" if m else ""
+            hint = did_you_mean(str(name), TRACKERS, cutoff=0.5)
             raise RecipeError(f"`train.report_to[{i}]` in {src}: unknown tracker {name!r} "
                               f"(choose from {', '.join(TRACKERS)}){hint}")
         if names.count(name) > 1:

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 import yaml
 
-from finetune_cli.errors import CorruptCheckpointError, RecipeError, RunDirError
+from finetune_cli.errors import CorruptCheckpointError, RecipeError, RunDirError, error_text
 from finetune_cli.fsutil import WRITE_TEST_PREFIX
 from finetune_cli.recipe import Recipe, build_recipe
 
@@ -72,13 +72,10 @@ def expand_run_dirs(paths: Sequence[str]) -> list[Path]:
         if not kids:
             raise RunDirError(f"{s} is not a finetune run directory (no recipe.yaml) and holds none")
         out.extend(kids)
-    seen: set[Path] = set()
-    uniq = []
+    first: dict[Path, Path] = {}  # a folder named twice (or by two paths) is listed once, where first named
     for p in out:
-        if p.resolve() not in seen:
-            seen.add(p.resolve())
-            uniq.append(p)
-    return uniq
+        first.setdefault(p.resolve(), p)
+    return list(first.values())
 
 
 def checkpoint_step(p: Path) -> int:
@@ -134,7 +131,7 @@ def file_problem(f: Path) -> Optional[str]:
             with f.open("rb") as fh:
                 fh.read(1)
     except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error, zipfile.BadZipFile, yaml.YAMLError) as e:
-        return f"{f.name} cannot be read ({' '.join(str(e).split())[:100]})"
+        return f"{f.name} cannot be read ({error_text(e, 100)})"
     return None
 
 
@@ -303,7 +300,7 @@ class RunDir:
         try:
             data = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-            raise RunDirError(f"{f} cannot be read ({' '.join(str(e).split())[:120]})") from None
+            raise RunDirError(f"{f} cannot be read ({error_text(e, 120)})") from None
         if not isinstance(data, dict):
             raise RunDirError(f"{f} is not a recipe (a YAML mapping), got {type(data).__name__}")
         try:

@@ -102,7 +102,6 @@ class ProgressHandle:
         self.ui, self.total, self.description = ui, total, description
         self._bar: Optional[Progress] = None
         self._task = None
-        self._last_plain = 0.0
         self.transient = transient
 
     def __enter__(self) -> ProgressHandle:

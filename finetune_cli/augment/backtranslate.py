@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from finetune_cli.augment import DEFAULT_BACKWARD, DEFAULT_FORWARD  # noqa: F401 (re-exported)
-from finetune_cli.errors import ModelError
+from finetune_cli.errors import ModelError, error_text
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,12 @@ def load_seq2seq(name: str, device: torch.device) -> Seq2Seq:
             raise ModelError(f"model {name} is not a sequence-to-sequence (translation) model") from None
         if not is_local:
             raise _hub_error(name, e) from None
-        raise ModelError(f"cannot load translation model from {path}: {' '.join(str(e).split())[:200]}") from None
+        raise ModelError(f"cannot load translation model from {path}: {error_text(e, 200)}") from None
     except Exception as e:  # noqa: BLE001 - a broken local folder raises many types (OSError, JSON, safetensors…)
         if not is_local:
             raise _hub_error(name, e) from None
         raise ModelError(f"cannot load translation model from {path}: {type(e).__name__}: "
-                         f"{' '.join(str(e).split())[:200]}") from None
+                         f"{error_text(e, 200)}") from None
     if getattr(tokenizer, "pad_token_id", None) is None:
         raise ModelError(f"tokenizer of {path} has no padding token; batched generation needs one")
     model.eval().to(device)

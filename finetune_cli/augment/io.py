@@ -84,11 +84,8 @@ def read_input(src: str, fmt: str = "auto", columns: tuple[str, ...] = (), heade
 
 
 def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # ---- chunks ----------------------------------------------------------------------------------------

@@ -113,7 +113,7 @@ def make_protocol(r: ProbeRecipe, mode: str, *, tasks: Optional[list[str]] = Non
     def check(names: list[str], what: str) -> list[str]:
         for n in names:
             if n not in r.probe.tasks:
-                raise RecipeError(f"unknown task `{n}` in {what}" + closest(n, known).replace("valid keys", "tasks"))
+                raise RecipeError(f"unknown task `{n}` in {what}" + closest(n, known, listing="tasks"))
         return names
 
     if mode == "sequential":

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from finetune_cli.errors import DataError
+from finetune_cli.errors import DataError, error_text
 
 PKG_RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 Col = Union[str, int]
@@ -322,7 +322,7 @@ class TableFile:
             raise self._bad_parquet(e) from None
 
     def _bad_parquet(self, e: Exception) -> DataError:
-        return DataError(f"{self.src} is not a readable Parquet file ({' '.join(str(e).split())[:160]})")
+        return DataError(f"{self.src} is not a readable Parquet file ({error_text(e, 160)})")
 
     def _parquet_chunks(self, size: int, columns: Optional[Sequence[str]]) -> Iterator[Table]:
         pa, pf = self._parquet()
@@ -425,7 +425,7 @@ def read_hub(name: str, config: Optional[str], split: str, colmap: Mapping[str, 
     try:
         ds = datasets.load_dataset(name, config, split=split)
     except Exception as e:  # datasets raises many types (ConnectionError, DatasetNotFoundError, ValueError…)
-        msg = " ".join(str(e).split())[:200]
+        msg = error_text(e, 200)
         raise DataError(f"cannot load hub dataset {src} (offline, or no such dataset/split? pass --data-dir for a "
                         f"local GLUE folder or use data.train/data.eval files): {msg}") from None
     wanted = {k: v for k, v in colmap.items() if v is not None}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_cli.data.sources import Table, resolve_path
-from finetune_cli.errors import DataError
+from finetune_cli.errors import DataError, error_text
 from finetune_cli.fsutil import atomic_file, check_output_file
 
 # table_writer writes every format the reader reads (``sources.FORMATS``). TXT (one text a line, no
@@ -128,7 +128,7 @@ def _sink(fmt: str, tmp: Path, names: Sequence[str], types: Mapping[str, Any], h
                         [(k, types[k] if k in types else inferred.schema.field(k).type) for k in names])))
                 writer[0].write_table(pa.Table.from_pydict({k: cols[k] for k in names}, schema=writer[0].schema))
             except (pa.ArrowException, TypeError, ValueError) as e:
-                raise DataError(f"cannot write these rows as Parquet ({' '.join(str(e).split())[:160]}); "
+                raise DataError(f"cannot write these rows as Parquet ({error_text(e, 160)}); "
                                 f"write .jsonl or .csv") from None
         try:
             yield write_parquet

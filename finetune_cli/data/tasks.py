@@ -56,11 +56,16 @@ def data_dir_from_env(explicit: Optional[str]) -> Optional[Path]:
     return p
 
 
+def _needed(colmap: dict[str, Any], required: tuple[str, ...]) -> dict[str, Any]:
+    """The entries of a column map the objective reads: its ``required`` columns and ``text_pair``."""
+    return {k: v for k, v in colmap.items() if k in required or k == "text_pair"}
+
+
 def _colmap(cfg: DataConfig, which: str, required: tuple[str, ...]) -> dict[str, Any]:
     """The column map of the train or eval file: ``data.eval_columns`` for the eval file when set."""
     columns = cfg.eval_columns if which == "eval" and cfg.eval_columns is not None else cfg.columns
     cm = {k: getattr(columns, k) for k in columns.__dataclass_fields__}
-    return {k: v for k, v in cm.items() if v is not None and (k in required or k == "text_pair")}
+    return _needed({k: v for k, v in cm.items() if v is not None}, required)
 
 
 def _read(cfg: DataConfig, which: str, data_dir: Optional[Path], required: tuple[str, ...]) -> Optional[Table]:
@@ -71,15 +76,12 @@ def _read(cfg: DataConfig, which: str, data_dir: Optional[Path], required: tuple
         split = cfg.train_split if which == "train" else cfg.eval_split
         if task is not None and data_dir is not None:
             path = glue.local_file(task, data_dir, split, cfg.train_split)
-            cm = {k: v for k, v in task.local_cols.items() if k in required or k == "text_pair"}
-            t = read_file(str(path), cm, "tsv", task.header, encoding=cfg.encoding)
+            t = read_file(str(path), _needed(task.local_cols, required), "tsv", task.header, encoding=cfg.encoding)
             if task.local_label_map and "label" in t.columns:
                 t.columns["label"] = [task.local_label_map.get(str(v).strip(), v) for v in t.columns["label"]]
             t.label_names = list(task.label_names) if task.label_names else None
             return t
-        cm = ({k: v for k, v in task.hub_cols.items() if k in required or k == "text_pair"}
-              if task is not None else colmap)
-        return read_hub(name, config, split, cm)
+        return read_hub(name, config, split, _needed(task.hub_cols, required) if task is not None else colmap)
     path = cfg.train if which == "train" else cfg.eval
     if path is None:
         return None

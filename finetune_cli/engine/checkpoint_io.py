@@ -21,7 +21,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from finetune_cli.errors import CorruptCheckpointError
+from finetune_cli.errors import CorruptCheckpointError, error_text
 
 _T, _A, _TUP, _ITEMS = "__tensor__", "__ndarray__", "__tuple__", "__items__"
 
@@ -101,7 +101,7 @@ def load_state(directory: Path, name: str) -> Any:
         try:
             tensors = load_file(str(st))
         except Exception as e:  # safetensors raises its own error types for truncated/garbage files
-            raise CorruptCheckpointError(f"checkpoint file {st} cannot be read ({' '.join(str(e).split())[:80]})") from None
+            raise CorruptCheckpointError(f"checkpoint file {st} cannot be read ({error_text(e, 80)})") from None
     try:
         return _decode(tree, tensors)
     except (KeyError, TypeError, ValueError) as e:

@@ -82,7 +82,6 @@ class TrainResult:
     device: str
     precision: str
     samples_per_second: float
-    interrupted: bool = False
     device_name: str = ""  # e.g. "cuda:0 NVIDIA H100 80GB HBM3" or "cpu ×2 threads"
     gpu_mem_peak_gb: Optional[float] = None  # CUDA only
     num_processes: int = 1
@@ -280,13 +279,18 @@ class Trainer:
     def _count_steps(self) -> tuple[int, int]:
         """Optimizer steps per epoch (this rank's batches of an epoch over ``grad_accum``) and the
         step budget of the run."""
-        cfg, data = self.cfg, self.train_data
-        per_epoch = math.ceil(len(epoch_batches(self.sampler, data.lengths, data.labels, cfg.batch_size, cfg.seed, 0,
-                                                self.rank, self.world)) / cfg.grad_accum)
+        cfg = self.cfg
+        per_epoch = math.ceil(len(self._epoch_batches(0)) / cfg.grad_accum)
         if per_epoch == 0:
-            raise TrainingError(f"training set of {len(data)} examples gives no full step with batch size "
+            raise TrainingError(f"training set of {len(self.train_data)} examples gives no full step with batch size "
                                 f"{cfg.batch_size} on {self.world} processes")
         return per_epoch, cfg.max_steps or max(math.ceil(cfg.epochs * per_epoch), cfg.min_steps or 0)
+
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        """This rank's batches of ``epoch`` (indices into the training set), from the recipe's sampler."""
+        data, cfg = self.train_data, self.cfg
+        return epoch_batches(self.sampler, data.lengths, data.labels, cfg.batch_size, cfg.seed, epoch,
+                             self.rank, self.world)
 
     def _check_trainable(self, model) -> None:
         """Freeze the encoder when the recipe asks (``train.freeze_encoder``), then refuse a job that
@@ -323,8 +327,7 @@ class Trainer:
         if not (self.world > 1 or (torch.distributed.is_available() and torch.distributed.is_initialized())):
             return []
         model.to(self.acc.device)
-        idx = epoch_batches(self.sampler, self.train_data.lengths, self.train_data.labels, self.cfg.batch_size,
-                            self.cfg.seed, 0, self.rank, self.world)[0]
+        idx = self._epoch_batches(0)[0]
 
         def probe():
             with self.acc.autocast():
@@ -580,18 +583,18 @@ class Trainer:
         """Train on ``epoch``'s batches from where the state stands until the epoch ends, the step
         budget is spent or early stopping ends the run; returns the epoch the next batch comes from."""
         cfg, st = self.cfg, self.state
-        batches = epoch_batches(self.sampler, self.train_data.lengths, self.train_data.labels,
-                                cfg.batch_size, cfg.seed, epoch, self.rank, self.world)
+        batches = self._epoch_batches(epoch)
         i = st.batch_in_epoch if epoch == st.epoch else 0
         stream = self._batch_stream(pool, batches, i)
         while i < len(batches) and self._steps_left():
             t0 = time.perf_counter()
             micro = batches[i:i + cfg.grad_accum]
-            n_samples, keys, parts = self._step(stream, micro)
+            n_weighted = _weighted(micro)
+            n_samples, keys, parts = self._step(stream, micro, n_weighted)
             i += len(micro)
             st.step += 1
             st.epoch, st.batch_in_epoch = epoch, i
-            loop.pending.append((st.step, epoch, _weighted(micro), keys, parts))
+            loop.pending.append((st.step, epoch, n_weighted, keys, parts))
             # Nothing until the next step draws random numbers (evaluation and saving do not), so
             # this is the RNG state the next step starts from.
             loop.rng_at_step_start = capture_rng()
@@ -610,14 +613,15 @@ class Trainer:
             st.epoch, st.batch_in_epoch = epoch, 0
         return epoch
 
-    def _step(self, stream: Iterator[Any], micro: list[list[int]]) -> tuple[int, tuple[str, ...], torch.Tensor]:
+    def _step(self, stream: Iterator[Any], micro: list[list[int]], n_real: int,
+              ) -> tuple[int, tuple[str, ...], torch.Tensor]:
         """One optimizer step over the micro-batches ``micro`` (gradient accumulation; the gradients
-        are synchronised on the last one only), with clipping and the scheduler's step. Returns the
+        are synchronised on the last one only; each loss divided by ``n_real``, the :func:`_weighted`
+        count of ``micro``), with clipping and the scheduler's step. Returns the
         examples trained on, the names of the loss parts and their sums over the micro-batches,
         left on the device: no host sync per step keeps the GPU fed."""
         parts_sum: dict[str, torch.Tensor] = {}
         n_samples = 0
-        n_real = _weighted(micro)
         for j, idx in enumerate(micro):
             batch = to_device(next(stream), self.acc.device)
             sync = j == len(micro) - 1

@@ -8,13 +8,12 @@ compute is exit 2 too, naming the metrics that exist; a failed gate ends the com
 
 from __future__ import annotations
 
-import difflib
 import operator
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from finetune_cli.errors import FinetuneError
+from finetune_cli.errors import FinetuneError, did_you_mean
 
 GATE_EXIT = 4
 OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
@@ -52,9 +51,8 @@ def check_known(expectations: Sequence[Expectation], available: Sequence[str], w
     for e in expectations:
         if e.metric not in available:
             # a prefix first (`acc` -> accuracy, not mcc), then the closest spelling
-            close = [m for m in available if m.startswith(e.metric)][:1] \
-                or difflib.get_close_matches(e.metric, list(available), n=1, cutoff=0.5)
-            hint = f"; did you mean `{close[0]}`?" if close else ""
+            prefixed = [m for m in available if m.startswith(e.metric)]
+            hint = f"; did you mean `{prefixed[0]}`?" if prefixed else did_you_mean(e.metric, available, cutoff=0.5)
             raise FinetuneError(f"--expect {e}: no metric `{e.metric}`{where} (have: {', '.join(available)}){hint}")
 
 

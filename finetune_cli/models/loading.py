@@ -21,7 +21,7 @@ from typing import Optional
 from safetensors.torch import load_file, save_file
 
 from finetune_cli import rundir
-from finetune_cli.errors import ModelError, RecipeError
+from finetune_cli.errors import ModelError, RecipeError, error_text
 from finetune_cli.models.text_model import HeadSpec, TextModel
 
 HEAD_WEIGHTS = "finetune_head.safetensors"
@@ -100,7 +100,7 @@ def _offline() -> bool:
 
 
 def _hub_error(name: str, err: Exception) -> ModelError:
-    reason = " ".join(str(err).split())[:200]
+    reason = error_text(err, 200)
     if _offline():
         return ModelError(f"model `{name}` is not a local folder and is not in the Hugging Face cache, and the hub is "
                           f"offline (HF_HUB_OFFLINE=1); download it once with network or pass a local folder")
@@ -112,7 +112,7 @@ def _local_error(path: str, err: Exception) -> ModelError:
     """A local model folder that does not load: name the damaged file when one is found."""
     why = rundir.folder_problem(Path(path))
     if why is None:
-        why = " ".join(str(err).split())[:200]
+        why = error_text(err, 200)
     return ModelError(f"cannot load the model in {path}: {why}")
 
 
@@ -227,7 +227,7 @@ def read_head_spec(path: str) -> Optional[HeadSpec]:
         return HeadSpec(**{k: v for k, v in data.items() if k in HeadSpec.__dataclass_fields__})
     except (OSError, ValueError, TypeError) as e:
         raise ModelError(f"cannot load the model in {path}: {HEAD_SPEC} is damaged "
-                         f"({' '.join(str(e).split())[:120]})") from None
+                         f"({error_text(e, 120)})") from None
 
 
 def position_limit(encoder) -> Optional[int]:

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from torch import nn
 
-from finetune_cli.errors import ModelError
+from finetune_cli.errors import ModelError, error_text
 from finetune_cli.rundir import ADAPTER_CONFIG
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -76,7 +76,7 @@ def _inject(peft, cfg, target: nn.Module) -> None:
     try:
         peft.functional.inject_adapter_in_model(cfg, target, adapter_name=ADAPTER)
     except ValueError as e:  # no target_modules default for the architecture, or a name that matches nothing
-        raise ModelError(f"model.lora: {' '.join(str(e).split())[:240]}") from None
+        raise ModelError(f"model.lora: {error_text(e, 240)}") from None
 
 
 def adapter_state(model, plain: Optional[dict] = None) -> dict:
@@ -110,7 +110,7 @@ def read_adapter_config(path: str | Path):
     try:
         cfg = peft.PeftConfig.from_pretrained(str(path))
     except (OSError, ValueError, TypeError) as e:
-        raise ModelError(f"cannot load the model in {path}: {ADAPTER_CONFIG}: {' '.join(str(e).split())[:160]}") from None
+        raise ModelError(f"cannot load the model in {path}: {ADAPTER_CONFIG}: {error_text(e, 160)}") from None
     if type(cfg).__name__ != "LoraConfig" or not cfg.base_model_name_or_path:
         raise ModelError(f"cannot load the model in {path}: {ADAPTER_CONFIG} is not a LoRA adapter with a "
                          f"base_model_name_or_path (finetune loads LoRA adapters only)")
@@ -129,7 +129,7 @@ def load_adapter(model, path: str | Path, cfg) -> None:
         state = load_file(str(Path(path) / ADAPTER_WEIGHTS))
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
         raise ModelError(f"cannot load the model in {path}: {ADAPTER_WEIGHTS} cannot be read "
-                         f"({' '.join(str(e).split())[:120]})") from None
+                         f"({error_text(e, 120)})") from None
     state = {k.removeprefix(PEFT_PREFIX): v for k, v in state.items()}
     target = adapter_target(model)
     if model.hf is None and heads:  # a classifier's adapters read as a bare encoder: its keys lose the prefix

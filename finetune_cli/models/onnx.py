@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from finetune_cli.errors import ModelError
+from finetune_cli.errors import ModelError, error_text
 from finetune_cli.models.text_model import HeadSpec, ModelOutput
 
 ONNX_FILE = "model.onnx"
@@ -145,6 +145,6 @@ def load_onnx_model(path: str | Path, device: torch.device, spec: HeadSpec, conf
     try:
         sess = ort.InferenceSession(str(Path(path) / ONNX_FILE), providers=[provider])
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own error types
-        raise ModelError(f"cannot load the model in {path}: {ONNX_FILE}: {' '.join(str(e).split())[:160]}") from None
+        raise ModelError(f"cannot load the model in {path}: {ONNX_FILE}: {error_text(e, 160)}") from None
     return OnnxTextModel(sess, spec, config)
 

@@ -26,8 +26,6 @@ import torch
 from torch import nn
 
 POOLINGS = ("cls", "mean", "pooler", "max", "mean_sqrt_len_tokens")
-HEADS = ("native", "pooled")
-PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
 
 
 def pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor, how: str,
@@ -39,19 +37,17 @@ def pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor, how: str,
     """
     if how == "cls":
         return last_hidden[:, 0]
-    if how == "mean":
-        m = attention_mask.unsqueeze(-1).to(last_hidden.dtype)
-        return (last_hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
-    if how == "max":  # sentence-transformers' max pooling (padding excluded)
-        m = attention_mask.unsqueeze(-1).to(last_hidden.dtype)
-        return last_hidden.masked_fill(m == 0, float("-inf")).max(1).values
-    if how == "mean_sqrt_len_tokens":
-        m = attention_mask.unsqueeze(-1).to(last_hidden.dtype)
-        return (last_hidden * m).sum(1) / m.sum(1).clamp(min=1e-9).sqrt()
     if how == "pooler":
         if pooler_output is None:
             raise ValueError("pooling `pooler` needs an encoder with a pooler layer (this one has none)")
         return pooler_output
+    m = attention_mask.unsqueeze(-1).to(last_hidden.dtype)
+    if how == "mean":
+        return (last_hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    if how == "max":  # sentence-transformers' max pooling (padding excluded)
+        return last_hidden.masked_fill(m == 0, float("-inf")).max(1).values
+    if how == "mean_sqrt_len_tokens":
+        return (last_hidden * m).sum(1) / m.sum(1).clamp(min=1e-9).sqrt()
     raise ValueError(f"unknown pooling `{how}`; choose one of {', '.join(POOLINGS)}")
 
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from finetune_cli.objectives._dist import gather_no_grad, gather_with_grad, own_rows
 from finetune_cli.objectives.base import Objective, check_range
 from finetune_cli.objectives.registry import register
+from finetune_cli.objectives.scl import contrastive_log_probs
 
 MIXED_POSITIVES = ("dominant", "exact")
 
@@ -30,13 +31,7 @@ def focal_contrastive_loss(z: torch.Tensor, labels: torch.Tensor, tau: float, ga
         tau: temperature > 0.
         gamma: focusing exponent >= 0.
     """
-    n = z.shape[0]
-    if z.dtype in (torch.float16, torch.bfloat16):
-        z = z.float()  # exp(·/τ) needs the range; float64 stays float64 (tests, gradcheck)
-    sim = z @ z.T / tau
-    self_mask = torch.eye(n, dtype=torch.bool, device=z.device)
-    log_prob = sim - torch.logsumexp(sim.masked_fill(self_mask, float("-inf")), dim=1, keepdim=True)
-    pos = (labels.view(-1, 1) == labels.view(1, -1)) & ~self_mask
+    sim, log_prob, pos = contrastive_log_probs(z, labels, tau)
     n_pos = pos.sum(1)
     has_pos = n_pos > 0
     if not bool(has_pos.any()):

@@ -11,7 +11,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from finetune_cli.errors import RecipeError
+from finetune_cli.errors import RecipeError, did_you_mean
 from finetune_cli.objectives.base import Objective
 from finetune_cli.recipe import coerce
 
@@ -49,9 +49,8 @@ def names() -> list[str]:
 def get(name: str) -> type[Objective]:
     _load_all()
     if name not in _REGISTRY:
-        m = difflib.get_close_matches(name, list(_REGISTRY), n=1)
-        hint = f"; did you mean `{m[0]}`?" if m else ""
-        raise RecipeError(f"unknown objective `{name}`{hint} (known: {', '.join(sorted(_REGISTRY))})")
+        raise RecipeError(f"unknown objective `{name}`{did_you_mean(name, _REGISTRY)} "
+                          f"(known: {', '.join(sorted(_REGISTRY))})")
     return _REGISTRY[name]
 
 

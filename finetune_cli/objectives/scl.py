@@ -20,6 +20,23 @@ from finetune_cli.objectives.ce import cross_entropy
 from finetune_cli.objectives.registry import register
 
 
+def contrastive_log_probs(z: torch.Tensor, labels: torch.Tensor, tau: float,
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the supervised contrastive losses (this one and Core-tuning's focal one) share: the
+    logits ``z_i·z_j/τ``, ``log p_ij`` (the log-softmax over ``k != i``) and the positives (same
+    label, ``j != i``), for ``(N, d)`` embeddings ``z`` and ``(N,)`` integer ``labels``."""
+    n = z.shape[0]
+    if z.dtype in (torch.float16, torch.bfloat16):
+        z = z.float()  # exp(·/τ) needs the range; float64 stays float64 (tests, gradcheck)
+    sim = z @ z.T / tau
+    self_mask = torch.eye(n, dtype=torch.bool, device=z.device)
+    # log-softmax over k != i: the diagonal is excluded by setting it to -inf before logsumexp.
+    log_denom = torch.logsumexp(sim.masked_fill(self_mask, float("-inf")), dim=1, keepdim=True)
+    log_prob = sim - log_denom
+    pos = (labels.view(-1, 1) == labels.view(1, -1)) & ~self_mask
+    return sim, log_prob, pos
+
+
 def supervised_contrastive_loss(z: torch.Tensor, labels: torch.Tensor, tau: float) -> torch.Tensor:
     r"""Supervised contrastive loss over one batch of (already L2-normalised) embeddings.
 
@@ -36,15 +53,7 @@ def supervised_contrastive_loss(z: torch.Tensor, labels: torch.Tensor, tau: floa
         labels: ``(N,)`` integer class ids.
         tau: temperature, > 0.
     """
-    n = z.shape[0]
-    if z.dtype in (torch.float16, torch.bfloat16):
-        z = z.float()  # exp(·/τ) needs the range; float64 stays float64 (tests, gradcheck)
-    sim = z @ z.T / tau
-    self_mask = torch.eye(n, dtype=torch.bool, device=z.device)
-    # log-softmax over k != i: the diagonal is excluded by setting it to -inf before logsumexp.
-    log_denom = torch.logsumexp(sim.masked_fill(self_mask, float("-inf")), dim=1, keepdim=True)
-    log_prob = sim - log_denom
-    pos = (labels.view(-1, 1) == labels.view(1, -1)) & ~self_mask
+    sim, log_prob, pos = contrastive_log_probs(z, labels, tau)
     n_pos = pos.sum(1)
     has_pos = n_pos > 0
     # masked_fill rather than multiply: the diagonal of log_prob is finite here but a 0·(-inf)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune_cli.errors import FinetuneError, ModelError, OutputError
+from finetune_cli.errors import FinetuneError, ModelError, OutputError, error_text
 from finetune_cli.models.card import hub_base_model
 from finetune_cli.rundir import RunDir, holds_model
 
@@ -49,7 +49,7 @@ def check_card(folder: Path) -> None:
     try:
         data = ModelCard.load(folder / "README.md").data
     except Exception as e:  # noqa: BLE001 - yaml and huggingface_hub raise their own types
-        raise ModelError(f"{folder}/README.md is not a valid model card: {' '.join(str(e).split())[:160]}") from None
+        raise ModelError(f"{folder}/README.md is not a valid model card: {error_text(e, 160)}") from None
     bases = data.base_model if isinstance(data.base_model, list) else [data.base_model]
     bad = [b for b in bases if b is not None and hub_base_model(str(b)) != b]
     if bad:
@@ -63,7 +63,7 @@ def check_repo_id(repo_id: str) -> None:
     try:
         validate_repo_id(repo_id)
     except HFValidationError as e:
-        raise FinetuneError(f"repo id {repo_id!r} is not valid: {' '.join(str(e).split())[:160]}") from None
+        raise FinetuneError(f"repo id {repo_id!r} is not valid: {error_text(e, 160)}") from None
     if repo_id.count("/") != 1:
         raise FinetuneError(f"repo id {repo_id!r} must be `user/name` or `organisation/name`")
 
@@ -79,7 +79,7 @@ def _upload(folder: Path, repo_id: str, private: bool, revision: Optional[str], 
         info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, revision=revision, commit_message=message)
     except Exception as e:  # noqa: BLE001 - offline, no token, no rights, network: one line
         raise OutputError(f"cannot push to {repo_id} on the Hugging Face Hub: {type(e).__name__}: "
-                          f"{' '.join(str(e).split())[:200]}") from None
+                          f"{error_text(e, 200)}") from None
     return str(getattr(info, "commit_url", info))
 
 

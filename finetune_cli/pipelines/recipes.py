@@ -87,10 +87,6 @@ class Plan:
 
 # ---- resolving ---------------------------------------------------------------------------------
 
-def objective_class(name: str) -> type[Objective]:
-    return registry.get(name)
-
-
 def resolve_problem_type(recipe: Union[Recipe, ProbeRecipe], cls: type[Objective]) -> Optional[str]:
     """``model.problem_type`` with ``auto`` resolved, checked against the objective."""
     requested = recipe.model.problem_type
@@ -123,7 +119,7 @@ def validate_recipe(recipe: R) -> R:
     """A parsed recipe (training or probe) with its objective checked, ``model.problem_type``
     resolved and ``train.metric`` known to be computed by the objective's evaluation. Idempotent."""
     obj = validate_objective(recipe.objective, src=recipe.source)
-    cls = objective_class(obj.name)
+    cls = registry.get(obj.name)
     problem = resolve_problem_type(recipe, cls)
     if problem is not None and problem != recipe.model.problem_type:
         recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, problem_type=problem))
@@ -133,7 +129,7 @@ def validate_recipe(recipe: R) -> R:
         train = dataclasses.replace(train, metric=names[0] if names else "loss")
     elif names and metric not in names:
         raise RecipeError(f"`train.metric` in {recipe.source} is `{metric}`, which objective `{obj.name}` does "
-                          f"not compute" + closest(metric, names).replace("valid keys", "it computes"))
+                          f"not compute" + closest(metric, names, listing="it computes"))
     return dataclasses.replace(recipe, objective=obj, train=train)
 
 
@@ -149,7 +145,7 @@ def plan_for(recipe: Recipe) -> Plan:
     from finetune_cli.data.sampling import UNGROUPED
 
     recipe = validate_recipe(recipe)
-    cls = objective_class(recipe.objective.name)
+    cls = registry.get(recipe.objective.name)
     problem = recipe.model.problem_type
     lt = cls.label_type_for(problem)
     return Plan(

@@ -62,9 +62,8 @@ def check_specs(recipe_path: str, overrides: Sequence[str], specs: Sequence[Para
             raise RecipeError(f"--param {k} is given twice")
     known = load_plan(recipe_path, [*overrides, "~train.metric"]).metrics
     if known and metric not in known:
-        hint = closest(metric, known)
         raise RecipeError(f"--metric {metric}: training of this recipe evaluates {', '.join(known)}"
-                          + (hint if "did you mean" in hint else ""))
+                          + closest(metric, known, listing=None))
     overrides = [*overrides, f"train.metric={metric}"]
     base = load_plan(recipe_path, overrides)
     for s in specs:

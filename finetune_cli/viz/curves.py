@@ -132,7 +132,7 @@ def single_point_panels(data: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> 
 
 def draw_multi_run(data: Mapping[str, Mapping[str, Mapping[str, Any]]], title: str = ""):
     """Several runs: seeds as thin lines, each recipe's mean bold, one colour per recipe. Returns
-    the matplotlib Figure (:func:`plot_multi_run` saves it)."""
+    the matplotlib Figure (``finetune report --curves`` saves it)."""
     plt = pyplot()
     fig, axes = _grid(max(1, len(data)))
     groups = list(dict.fromkeys(g for panel in data.values() for g in panel))
@@ -154,11 +154,6 @@ def draw_multi_run(data: Mapping[str, Mapping[str, Mapping[str, Any]]], title: s
         fig.suptitle(title[:120], fontsize=9)
     fig.tight_layout()
     return fig
-
-
-def plot_multi_run(data: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path, title: str = "") -> Path:
-    """:func:`draw_multi_run` saved to ``path``."""
-    return save(draw_multi_run(data, title), path)
 
 
 def write_curves(run, ui) -> Path | None:

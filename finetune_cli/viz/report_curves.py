@@ -15,8 +15,8 @@ from finetune_cli.rundir import METRICS
 
 def report_curves(rep, path: Path) -> tuple[Path, dict[str, Any]]:
     """Draw the curves of the runs of ``rep`` (a ``Report``); returns the PNG and the data drawn."""
-    from finetune_cli.viz._mpl import pyplot
-    from finetune_cli.viz.curves import multi_run_series, plot_multi_run, read_metrics
+    from finetune_cli.viz._mpl import pyplot, save
+    from finetune_cli.viz.curves import draw_multi_run, multi_run_series, read_metrics
 
     groups: dict[str, list] = {}
     for r in rep.runs:
@@ -26,4 +26,4 @@ def report_curves(rep, path: Path) -> tuple[Path, dict[str, Any]]:
         groups.setdefault(r.group, []).append(read_metrics(f))
     data = multi_run_series(groups)
     pyplot()  # one-line error when matplotlib is missing
-    return plot_multi_run(data, Path(path), title=f"{len(rep.runs)} runs · {rep.task}"), data
+    return save(draw_multi_run(data, title=f"{len(rep.runs)} runs · {rep.task}"), Path(path)), data
