@@ -163,9 +163,21 @@ def rel_ledger(args) -> str:
     return fs.rel(args.ledger)
 
 
+def paired_seeds(results: dict) -> dict:
+    """Each task and N keeps the seeds that every row of it has: a row's mean and the paired differences
+    are then over the same draws (a study stopped part-way leaves a seed with some rows only)."""
+    out = {}
+    for task, by_n in results.items():
+        out[task] = {}
+        for n, by_row in by_n.items():
+            common = set.intersection(*(set(recs) for recs in by_row.values())) if by_row else set()
+            out[task][n] = {row: {k: recs[k] for k in sorted(common)} for row, recs in by_row.items()} if common else {}
+    return out
+
+
 def coverage(results, shots) -> list[str]:
     """What the page holds: per N, the tasks and the seeds each row has there."""
-    L = ["Cells on this page (task: seeds of each row):", ""]
+    L = ["Cells on this page (task: the seeds that every row of it has; a seed some rows lack is left out):", ""]
     for n in shots:
         per = []
         for task, by_n in results.items():
@@ -178,6 +190,7 @@ def coverage(results, shots) -> list[str]:
 
 def write_results(path: Path, args, cmd, results, hyper, notes, anchors, torch) -> None:
     shots = [int(s) for s in args.shots.split(",")]
+    results = paired_seeds(results)
     rows = list(dict.fromkeys(r for t in results.values() for by in t.values() for r in by))
     smoke = any(getattr(args, k) != v for k, v in fs.FULL.items()) or args.max_steps or args.overrides
     times = not args.no_times

@@ -203,3 +203,16 @@ def test_only_protocol_runs_default_to_the_repository_ledger(tmp_path):
     for smoke in (["--max-steps", "2"], ["--max-length", "32"], ["--set", "train.lr=1e-4"], ["--model", "x"]):
         assert study.ledger_path(study.parse_args([*out, *smoke])) == tmp_path / "o" / "ledger.jsonl"
     assert study.ledger_path(study.parse_args([*out, "--max-steps", "2", "--ledger", "L.jsonl"])) == Path("L.jsonl")
+
+
+def test_the_page_keeps_only_seeds_that_every_row_of_a_task_has():
+    load_study()
+    import fewshot_report as fr
+
+    rec = {"test": {"accuracy": 0.5}, "select": 0.5, "wall_s": 1.0, "cpu_s": 1.0}
+    results = {"sst2": {8: {"ce": {1: rec, 2: rec, 3: rec}, "setfit": {1: rec, 2: rec}}},
+               "mrpc": {8: {"ce": {1: rec}, "setfit": {2: rec}}}}
+    kept = fr.paired_seeds(results)
+    assert {r: sorted(v) for r, v in kept["sst2"][8].items()} == {"ce": [1, 2], "setfit": [1, 2]}
+    assert kept["mrpc"][8] == {}
+    assert fr.coverage(kept, [8])[2] == "- N = 8: sst2 1,2"
