@@ -408,10 +408,11 @@ def run_task(args, task: str, shots, seeds, objectives, anchors, ui, say, hyper,
             known = {k: r for k in seeds if (r := ledger.get(task, n, anchor, k, fp)) is not None}
             todo = [k for k in seeds if k not in known
                     and (not args.report_only or (adir / f"seed-{k}" / "result.json").is_file())]
-            for r in fa.run_anchor(anchor, base, todo, files["test"], files["select"], adir, embed, cpu_seconds, say):
-                known[r["seed"]] = {"test": r["metrics"]["test"], "select": r["metrics"]["select"]["accuracy"],
-                                    "wall_s": r["wall_s"], "cpu_s": r["cpu_s"]}
-                ledger.add(task, n, anchor, r["seed"], fp, known[r["seed"]])
+            for k in todo:  # one seed at a time: each finished cell is in the ledger before the next starts
+                (r,) = fa.run_anchor(anchor, base, [k], files["test"], files["select"], adir, embed, cpu_seconds, say)
+                known[k] = {"test": r["metrics"]["test"], "select": r["metrics"]["select"]["accuracy"],
+                            "wall_s": r["wall_s"], "cpu_s": r["cpu_s"]}
+                ledger.add(task, n, anchor, k, fp, known[k])
             if known:
                 rows[n][anchor] = {k: known[k] for k in seeds if k in known}
     return rows
