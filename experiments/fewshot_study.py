@@ -319,27 +319,28 @@ def data_hash(files: dict[str, Path]) -> str:
     return _hash({k: hashlib.sha256(Path(files[k]).read_bytes()).hexdigest() for k in ("train", "select", "test")})
 
 
-def recipe_fp(recipe, files: dict[str, Path]) -> str:
-    """A fine-tuning row's cell key: the resolved recipe (seeds, file paths and output excluded) and the splits."""
+def recipe_fp(recipe, splits: str) -> str:
+    """A fine-tuning row's cell key: the resolved recipe (seeds, file paths and output excluded) and the
+    splits' :func:`data_hash`."""
     tree = recipe.fingerprinted(ignore_seeds=True)
     tree["data"].pop("train", None)
     tree["data"].pop("eval", None)
-    return _hash({"recipe": tree, "data": data_hash(files)})
+    return _hash({"recipe": tree, "data": splits})
 
 
-def anchor_fp(anchor: str, recipe, n: int, files: dict[str, Path]) -> str:
-    """An anchor's cell key: its settings, the body, the draw's size and the splits."""
+def anchor_fp(anchor: str, recipe, n: int, splits: str) -> str:
+    """An anchor's cell key: its settings, the body, the draw's size and the splits' :func:`data_hash`."""
     settings = {"probe": "sklearn LogisticRegression()", "setfit": fa.SETFIT_SETTINGS}[anchor]
     return _hash({"anchor": anchor, "settings": settings, "model": recipe.model.name,
-                  "max_length": recipe.model.max_length, "n": n, "data": data_hash(files)})
+                  "max_length": recipe.model.max_length, "n": n, "data": splits})
 
 
 # ---- running ---------------------------------------------------------------------------------------
 
-def run_row(args, plan, task: str, n: int, label: str, seeds, ui, files: dict[str, Path],
-            ledger: Ledger) -> dict[int, dict]:
-    """Train (or reuse, from the ledger or a finished run) and test every seed of one fine-tuning row;
-    the per-seed records."""
+def run_row(args, plan, task: str, n: int, label: str, seeds, ui, test: Path, ledger: Ledger,
+            fp: str) -> dict[int, dict]:
+    """Train (or reuse, from the ledger or a finished run) and test every seed of one fine-tuning row
+    (its ledger key ``fp``); the per-seed records."""
     from finetune_cli.pipelines.evaluate import eval_plan, run_eval
     from finetune_cli.pipelines.multiseed import run_seeds
     from finetune_cli.rundir import EVAL as EVAL_FILE
@@ -347,7 +348,7 @@ def run_row(args, plan, task: str, n: int, label: str, seeds, ui, files: dict[st
     row_dir = Path(args.out) / task / f"n{n}" / label
     cost_file = row_dir / "cost.json"
     cost = json.loads(cost_file.read_text()) if cost_file.is_file() else {}
-    test, fp = str(files["test"]), recipe_fp(plan.recipe, files)
+    test = str(test)
     recs = {}
     for seed in seeds:
         if (rec := ledger.get(task, n, label, seed, fp)) is not None:
@@ -380,6 +381,7 @@ def run_task(args, task: str, shots, seeds, objectives, anchors, ui, say, hyper,
     from finetune_cli.pipelines.recipes import load_plan
 
     files = prepare_task(task, Path(args.data_dir), Path(args.out))
+    splits = data_hash(files)
     embedder = {}
 
     def embed():  # the frozen body, loaded once per task (its max length is the task's)
@@ -398,13 +400,14 @@ def run_task(args, task: str, shots, seeds, objectives, anchors, ui, say, hyper,
             hyper[label] = {"recipe": recipe_name(name), "objective": plan.recipe.objective.name,
                             **dict(plan.recipe.objective.params), "schedule": schedule_text(t)}
             say(f"== {task} · N={n} · {label} ==")
-            if recs := run_row(args, plan, task, n, label, seeds, ui, files, ledger):
+            if recs := run_row(args, plan, task, n, label, seeds, ui, files["test"], ledger,
+                               recipe_fp(plan.recipe, splits)):
                 rows[n][label] = recs
         if base is None:
             base = load_plan(recipe_name("ce"), study_overrides(args, "ce", [], task, n, files, "ce")).recipe
         for anchor in anchors:
             say(f"== {task} · N={n} · {anchor} (anchor) ==")
-            adir, fp = Path(args.out) / task / f"n{n}" / anchor, anchor_fp(anchor, base, n, files)
+            adir, fp = Path(args.out) / task / f"n{n}" / anchor, anchor_fp(anchor, base, n, splits)
             known = {k: r for k in seeds if (r := ledger.get(task, n, anchor, k, fp)) is not None}
             todo = [k for k in seeds if k not in known
                     and (not args.report_only or (adir / f"seed-{k}" / "result.json").is_file())]
