@@ -132,7 +132,7 @@ def protocol(args, cmd, hyper, anchors, notes, smoke) -> list[str]:
     if smoke:
         L += ["> **REDUCED RUN, not the full study.** Written by a run with fewer tasks, sizes, seeds or rows "
               "than the defaults; it shows what that command measured.", ""]
-    made = (["Written from the ledger (`" + rel_ledger(args) + "`, every finished cell of every run of the study) by:",
+    made = (["Written from the ledger (`" + fs.rel(args.ledger) + "`, every finished cell of every run of the study) by:",
              "", "```", cmd, "```", "", "The cells are made by the same command without `--report-only` (it skips "
              "the cells already in the ledger, so it can be run in parts).", ""] if args.report_only
             else ["Made by:", "", "```", cmd, "```", ""])
@@ -159,10 +159,6 @@ def protocol(args, cmd, hyper, anchors, notes, smoke) -> list[str]:
     return L + [""]
 
 
-def rel_ledger(args) -> str:
-    return fs.rel(args.ledger)
-
-
 def paired_seeds(results: dict) -> dict:
     """Each task and N keeps the seeds that every row of it has: a row's mean and the paired differences
     are then over the same draws (a study stopped part-way leaves a seed with some rows only)."""
@@ -176,7 +172,7 @@ def paired_seeds(results: dict) -> dict:
 
 
 def coverage(results, shots) -> list[str]:
-    """What the page holds: per N, the tasks and the seeds each row has there."""
+    """What the page holds: per N, the tasks and their seeds (after :func:`paired_seeds`, those of every row)."""
     L = ["Cells on this page (task: the seeds that every row of it has; a seed some rows lack is left out):", ""]
     for n in shots:
         per = []
@@ -200,9 +196,9 @@ def write_results(path: Path, args, cmd, results, hyper, notes, anchors, torch) 
         d = Path(args.out) / task / "data"
         sizes = {k: sum(1 for _ in open(d / f"{k}.jsonl")) for k in ("train", "select", "test") if (d / f"{k}.jsonl").is_file()}
         L += task_section(task, by_n, sizes, times)
-    wall = sum(r["wall_s"] for t in results.values() for by in t.values() for recs in by.values() for r in recs.values())
-    cpu = sum(r["cpu_s"] for t in results.values() for by in t.values() for recs in by.values() for r in recs.values())
     if times:
+        recs = [r for t in results.values() for by in t.values() for seeds in by.values() for r in seeds.values()]
+        wall, cpu = sum(r["wall_s"] for r in recs), sum(r["cpu_s"] for r in recs)
         L += ["## Cost", "", f"- Every run summed: {cpu / 60:.1f} CPU-minutes, {wall / 60:.1f} minutes wall-clock "
                              "(each run's time is stored when it is made and kept when the study resumes).",
               f"- Machine: {platform.machine()}, {os.cpu_count()} logical CPUs, torch {torch.__version__} "
