@@ -70,21 +70,26 @@ def pts(x: float, sign: bool = True) -> str:
 
 def summary(results, shots, rows, times: bool = True) -> list[str]:
     """Per N: each row's averages over the task groups, and its paired differences with the anchors."""
-    groups = [(g, name, group_tasks(results, g)) for g, name in GROUPS]
-    groups = [(g, name, ts) for g, name, ts in groups if ts]
     L = ["## Averages over tasks", "",
          "Test-half accuracy in points (mean over the group's tasks of the mean over seeds); `Δ setfit`, `Δ probe`: "
          "the paired difference (same seeds) averaged over the group's tasks; `select`: selection-half accuracy "
          "averaged over all tasks, the number the recipes are chosen by" + ("; wall: seconds a run, mean over tasks."
-                                                                            if times else "."), ""]
+                                                                            if times else ".")
+         + " At each N the groups hold the tasks that have cells at that N (the study is run in parts).", ""]
     for n in shots:
+        at_n = {t: by for t, by in results.items() if by.get(n)}
+        groups = [(g, name, group_tasks(at_n, g)) for g, name in GROUPS]
+        groups = [(g, name, ts) for g, name, ts in groups if ts]
+        if not groups:
+            continue
         head = [f"{name} acc" for _, name, _ in groups] + [f"{name} Δ setfit" for _, name, _ in groups]
-        L += [f"### N = {n} per class", "", "| row | " + " | ".join(head) + " | all Δ probe | select |"
+        L += [f"### N = {n} per class", "", "Tasks: " + "; ".join(f"{name} {len(ts)}" for _, name, ts in groups)
+              + ".", "", "| row | " + " | ".join(head) + " | all Δ probe | select |"
               + (" wall s |" if times else ""), "|---|" + "---:|" * (len(head) + 2 + times)]
-        for row in rows:
+        for row in [r for r in rows if any(r in by[n] for by in at_n.values())]:
             cells = [pts(group_mean(results, ts, n, row), False) for _, _, ts in groups]
             cells += [pts(group_diff(results, ts, n, row, "setfit")) if row != "setfit" else "·" for _, _, ts in groups]
-            alltasks = list(results)
+            alltasks = list(at_n)
             wall = mean(mean(r["wall_s"] for r in results[t][n][row].values()) for t in alltasks
                         if row in results[t].get(n, {}))
             vs_probe = pts(group_diff(results, alltasks, n, row, "probe")) if row != "probe" else "·"

@@ -216,3 +216,26 @@ def test_the_page_keeps_only_seeds_that_every_row_of_a_task_has():
     assert {r: sorted(v) for r, v in kept["sst2"][8].items()} == {"ce": [1, 2], "setfit": [1, 2]}
     assert kept["mrpc"][8] == {}
     assert fr.coverage(kept, [8])[2] == "- N = 8: sst2 1,2"
+
+
+def test_averages_at_an_n_are_over_the_tasks_that_have_cells_at_that_n():
+    """A study run in parts: N = 64 on one task only still gets its averages (over that task), and a row
+    that ran at N = 8 alone is not listed at N = 64 as a row of dashes."""
+    load_study()
+    import fewshot_report as fr
+
+    def rec(a):
+        return {"test": {"accuracy": a}, "select": a, "wall_s": 1.0, "cpu_s": 1.0}
+
+    results = {"sst2": {8: {"ce": {1: rec(0.7)}, "ce50": {1: rec(0.72)}, "probe": {1: rec(0.6)}, "setfit": {1: rec(0.65)}},
+                        64: {"ce": {1: rec(0.8)}, "probe": {1: rec(0.7)}, "setfit": {1: rec(0.75)}}},
+               "mrpc": {8: {"ce": {1: rec(0.5)}, "ce50": {1: rec(0.56)}, "probe": {1: rec(0.4)}, "setfit": {1: rec(0.45)}}}}
+    page = fr.summary(results, [8, 64], ["ce", "ce50", "probe", "setfit"], times=False)
+    n64 = page[page.index("### N = 64 per class"):]
+    assert n64[2] == "Tasks: sentiment tasks 1; all tasks 1."
+    ce64 = next(ln for ln in n64 if ln.startswith("| ce |"))
+    assert ce64 == "| ce | 80.0 | 80.0 | +5.0 | +5.0 | +10.0 | 80.0 |"
+    assert not any(ln.startswith("| ce50 |") for ln in n64)
+    n8 = page[page.index("### N = 8 per class"):page.index("### N = 64 per class")]
+    assert n8[2] == "Tasks: sentiment tasks 1; pair tasks 1; all tasks 2."
+    assert next(ln for ln in n8 if ln.startswith("| ce50 |")) == "| ce50 | 72.0 | 56.0 | 64.0 | +7.0 | +11.0 | +9.0 | +14.0 | 64.0 |"
