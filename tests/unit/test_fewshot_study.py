@@ -239,3 +239,25 @@ def test_averages_at_an_n_are_over_the_tasks_that_have_cells_at_that_n():
     n8 = page[page.index("### N = 8 per class"):page.index("### N = 64 per class")]
     assert n8[2] == "Tasks: sentiment tasks 1; pair tasks 1; all tasks 2."
     assert next(ln for ln in n8 if ln.startswith("| ce50 |")) == "| ce50 | 72.0 | 56.0 | 64.0 | +7.0 | +11.0 | +9.0 | +14.0 | 64.0 |"
+
+
+def test_the_committed_results_page_is_what_the_committed_ledger_gives(tmp_path):
+    """docs/few-shot-results.md is regenerated, never edited: its own command, run on the repository's ledger
+    and the shared data, writes the same page (so every number the docs quote from it is reproducible)."""
+    import shlex
+
+    from tests.conftest import shared_data_or_skip
+
+    data = shared_data_or_skip()
+    page = (REPO / "docs" / "few-shot-results.md").read_text(encoding="utf-8")
+    lines = page.splitlines()
+    cmd = lines[lines.index("```") + 1]
+    argv = shlex.split(cmd)
+    assert argv[:2] == ["python", "experiments/fewshot_study.py"] and "--report-only" in argv
+    argv = argv[2:]
+    argv[argv.index("--results") + 1] = str(tmp_path / "R.md")
+    study = load_study()
+    assert study.main([*argv, "--data-dir", str(data), "--out", str(tmp_path / "o")]) == 0
+    again = (tmp_path / "R.md").read_text(encoding="utf-8").replace(str(tmp_path / "R.md"), "docs/few-shot-results.md")
+    again = again.replace(f" --data-dir {data} --out {tmp_path / 'o'}", "")
+    assert again == page
