@@ -86,10 +86,10 @@ def summary(results, shots, rows, times: bool = True) -> list[str]:
         L += [f"### N = {n} per class", "", "Tasks: " + "; ".join(f"{name} {len(ts)}" for _, name, ts in groups)
               + ".", "", "| row | " + " | ".join(head) + " | all Δ probe | select |"
               + (" wall s |" if times else ""), "|---|" + "---:|" * (len(head) + 2 + times)]
+        alltasks = list(at_n)
         for row in [r for r in rows if any(r in by[n] for by in at_n.values())]:
             cells = [pts(group_mean(results, ts, n, row), False) for _, _, ts in groups]
             cells += [pts(group_diff(results, ts, n, row, "setfit")) if row != "setfit" else "·" for _, _, ts in groups]
-            alltasks = list(at_n)
             wall = mean(mean(r["wall_s"] for r in results[t][n][row].values()) for t in alltasks
                         if row in results[t].get(n, {}))
             vs_probe = pts(group_diff(results, alltasks, n, row, "probe")) if row != "probe" else "·"
