@@ -445,7 +445,8 @@ def main(argv=None) -> int:
     if bad := [a for a in anchors if a not in fa.ANCHORS]:
         print(f"error: unknown anchor(s) {', '.join(bad)} (known: {', '.join(fa.ANCHORS)})", file=sys.stderr)
         return 2
-    if "setfit" in anchors and (why := fa.setfit_available()):
+    # --report-only reads the ledger and runs nothing, so SetFit's cells are reported without SetFit installed.
+    if "setfit" in anchors and not args.report_only and (why := fa.setfit_available()):
         notes.append(f"`setfit` skipped: {why}")
         anchors.remove("setfit")
     if not objectives and not anchors:
