@@ -382,7 +382,10 @@ def test_nproc_a_killed_process_is_a_lost_peer(small_model, tmp_path):
     assert res.returncode == 6, res.stderr[-3000:]
     assert _lines(res.stderr) == ["error: process 1 of 2 was killed by SIGKILL, so the run stopped; rerun the same "
                                   "command to resume from the last checkpoint"], res.stderr[-3000:]
-    assert _exits(trace)[0][0] in (130, 6)
+    # Rank 0 exits by itself (130: stopped by the agent's SIGTERM; 6: it saw its peer go) or, where it
+    # does not within torchrun's grace period (a loaded machine: CI once), the agent kills it and it
+    # leaves no exit record. Either way it is stopped and nothing is left running.
+    assert _exits(trace).get(0, (None,))[0] in (130, 6, None)
     _no_process_left(trace)
 
 
