@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv quickstart test test-fast test-readme lint docs bench clean
+.PHONY: venv quickstart test test-fast test-readme test-gpu lint docs bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,14 @@ test-readme: venv
 # The inner loop: unit tests only (tiny random models, seconds to a minute).
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not integration and not slow" tests
+
+# The GPU tier (tests/gpu): the CUDA paths on a real GPU; skipped where torch sees no CUDA device,
+# so `make test` never fails on it. .venv holds a CPU torch (TORCH above): build it with a CUDA one
+# (`make test-gpu TORCH=torch`, a fresh .venv) or name a Python that has one (`make test-gpu
+# GPU_PYTHON=python3`, with this checkout's requirements installed there).
+GPU_PYTHON ?=
+test-gpu: $(if $(GPU_PYTHON),,venv)
+	$(or $(GPU_PYTHON),$(BIN)/python) -m pytest -q -m gpu tests/gpu
 
 lint: venv
 	$(BIN)/ruff check finetune_cli tests bench scripts

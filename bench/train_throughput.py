@@ -29,6 +29,15 @@ Fairness:
 - Dev accuracy of every runner's final model with one shared function (outside the clocks), and
   an equal-accuracy check against ``hf_grouped`` (±0.01).
 
+On a GPU (``--device cuda``; the Trainer then runs on it too, and the ``bare`` loop): the bf16
+pair is the comparison users make (``--runners finetune_bf16,hf_grouped_bf16``); ``--base`` swaps
+the model for a randomly initialised BERT-base-size encoder (12 layers, 768 wide: bert-base's
+arithmetic, whose weights cannot be downloaded here) with the embedded model's tokenizer;
+``--max-length 128`` is the GPU setting. On CUDA the ms/step clock synchronises the device at its
+two readings (step ``--skip`` and the last step), so queued kernels are counted. ``--profile``
+adds one more run of each runner, outside the medians, with ``torch.profiler`` over 20 steady
+steps: GPU kernel time per step against wall time per step (the rest is launch and host work).
+
 ``--proxy``: the CPU proxy: a tiny random BERT (2 layers, width 32, the real
 tokenizer), where compute is negligible and the per-step overhead of each loop shows; every runner
 uses fused AdamW; headline is ms/step.
@@ -37,6 +46,8 @@ uses fused AdamW; headline is ms/step.
     python bench/train_throughput.py --data-dir ../shared/data --proxy [--n 8192]
     python bench/train_throughput.py ... --runners finetune --ft train.compile=true   # one variant
     python bench/train_throughput.py ... --runners finetune@../old,finetune      # before/after, interleaved
+    python bench/train_throughput.py --data-dir ../shared/data --device cuda --max-length 128 \
+        --runners finetune_bf16,hf_grouped_bf16 [--base] [--n 12000] [--profile]        # the GPU bench
 
 ``finetune@DIR`` runs the finetune runner from another checkout DIR (e.g. ``git worktree add ../old
 COMMIT``) in the same interleaved run, so each engine change is measured against its parent under
@@ -108,16 +119,19 @@ def read_tsv(path: Path) -> tuple[list[str], list[int]]:
     return [r[0] for r in rows], [int(r[1]) for r in rows]
 
 
-def build_tiny_model(out: Path) -> Path:
-    """The tests' tiny random BERT (2 layers, width 32) with the embedded model's tokenizer."""
+def build_tiny_model(out: Path, base: bool = False) -> Path:
+    """The tests' tiny random BERT (2 layers, width 32) with the embedded model's tokenizer;
+    ``base``: a random encoder of bert-base's size (12 layers, 768 wide, 3072 inner, 12 heads)."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     from finetune_cli.models.loading import embedded_model_path
 
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128)
-    BertModel(cfg).save_pretrained(out)
+    size = (dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                 max_position_embeddings=512) if base else
+            dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                 max_position_embeddings=128))
+    BertModel(BertConfig(vocab_size=30522, **size)).save_pretrained(out)
     AutoTokenizer.from_pretrained(embedded_model_path()).save_pretrained(out)
     return out
 
@@ -125,17 +139,53 @@ def build_tiny_model(out: Path) -> Path:
 # ---- runners (worker) ----------------------------------------------------------------------------
 
 class StepClock:
-    """perf_counter at the end of optimizer step ``skip`` and at the end of the last step."""
+    """perf_counter at the end of optimizer step ``skip`` and at the end of the last step
+    (``total``); on CUDA the device is synchronised at those two readings. ``profile``: steps
+    ``skip+1 .. skip+profile`` run under ``torch.profiler`` (see :meth:`profile_summary`)."""
 
-    def __init__(self, skip: int):
+    def __init__(self, skip: int, total: int = 0, cuda: bool = False, profile: int = 0):
         self.skip, self.steps, self.t_skip, self.t_last = skip, 0, None, None
+        self.total, self.cuda = total, cuda
+        self.profile = max(0, min(profile, total - skip - 1)) if profile else 0
+        self.prof, self.prof_wall = None, None
 
     def tick(self) -> None:
         self.steps += 1
+        if self.cuda and self.steps in (self.skip, self.total, self.skip + self.profile):
+            torch.cuda.synchronize()
         now = time.perf_counter()
+        if self.profile and self.steps == self.skip:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            self.prof.__enter__()
+            self.t_prof = time.perf_counter()
+        elif self.profile and self.steps == self.skip + self.profile and self.prof is not None:
+            self.prof_wall = time.perf_counter() - self.t_prof
+            self.prof.__exit__(None, None, None)
         if self.steps == self.skip:
             self.t_skip = now
         self.t_last = now
+
+    def close(self) -> None:
+        if self.prof is not None and self.prof_wall is None:  # training ended inside the window
+            self.prof.__exit__(None, None, None)
+            self.prof = None
+
+    def profile_summary(self) -> dict | None:
+        """Per profiled step: wall ms, GPU kernel ms (the sum of kernel durations) and their ratio,
+        with the five kernels that took longest in all."""
+        if self.prof is None or self.prof_wall is None:
+            return None
+        kernels = [e for e in self.prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        busy = sum(e.device_time for e in kernels) / 1e3  # device_time is in microseconds
+        top: dict[str, float] = {}
+        for e in kernels:
+            top[e.name] = top.get(e.name, 0.0) + e.device_time / 1e3
+        wall = self.prof_wall * 1e3
+        return {"wall_ms_per_step": wall / self.profile, "kernel_ms_per_step": busy / self.profile,
+                "kernel_share": busy / wall, "kernels_per_step": len(kernels) / self.profile,
+                "top": sorted(((round(v / self.profile, 3), k[:60]) for k, v in top.items()), reverse=True)[:5]}
 
     def ms_per_step(self) -> float | None:
         if self.t_skip is None or self.steps <= self.skip:
@@ -145,16 +195,18 @@ class StepClock:
 
 def accuracy(model, tok, sents, labels, hf: bool) -> float:
     model.eval()
+    device = next(model.parameters()).device
     correct = 0
     with torch.inference_mode():
         for i in range(0, len(sents), 128):
-            enc = tok(sents[i:i + 128], truncation=True, max_length=MAXLEN, padding=True, return_tensors="pt")
-            logits = model(**enc).logits if hf else model(dict(enc)).logits
+            enc = tok(sents[i:i + 128], truncation=True, max_length=MAXLEN, padding=True, return_tensors="pt").to(device)
+            logits = (model(**enc).logits if hf else model(dict(enc)).logits).float().cpu()
             correct += (logits.argmax(-1) == torch.tensor(labels[i:i + 128])).sum().item()
     return correct / len(sents)
 
 
-def run_finetune(work: Path, name: str, train_file: Path, model: str, clock: StepClock | None, extra: list[str]):
+def run_finetune(work: Path, name: str, train_file: Path, model: str, clock: StepClock | None, extra: list[str],
+                 device: str = "cpu"):
     try:  # this release; a `finetune@DIR` checkout of an older one takes a recipe
         from finetune_cli.pipelines.recipes import load_plan as load_recipe
     except ImportError:  # pragma: no cover
@@ -168,13 +220,13 @@ def run_finetune(work: Path, name: str, train_file: Path, model: str, clock: Ste
           f"train.weight_decay={WD}", "train.warmup_ratio=0.0", "train.max_grad_norm=1.0", "train.seed=0",
           f"output.dir={work}", f"output.name={name}", *extra]
     cbs = [lambda trainer, state: clock.tick()] if clock else []
-    out = run_train(load_recipe(None, ov), UI(quiet=True), device="cpu", overwrite=True, callbacks=cbs)
+    out = run_train(load_recipe(None, ov), UI(quiet=True), device=device, overwrite=True, callbacks=cbs)
     m, tok, _ = load_text_model(str(out.run_dir / "final"))
-    return m, tok, False
+    return m.to(device), tok, False
 
 
 def run_hf(work: Path, sents, labels, model_path: str, clock: StepClock | None, grouped: bool,
-           bf16: bool = False):
+           bf16: bool = False, device: str = "cpu"):
     from transformers import (
         AutoModelForSequenceClassification,
         AutoTokenizer,
@@ -193,7 +245,7 @@ def run_hf(work: Path, sents, labels, model_path: str, clock: StepClock | None, 
     args = TrainingArguments(
         output_dir=str(work / "hf"), per_device_train_batch_size=BATCH, num_train_epochs=1, learning_rate=LR,
         weight_decay=WD, report_to="none", save_strategy="no", logging_strategy="no", eval_strategy="no",
-        use_cpu=True, max_grad_norm=1.0, seed=0, disable_tqdm=True, optim="adamw_torch_fused",
+        use_cpu=device == "cpu", max_grad_norm=1.0, seed=0, disable_tqdm=True, optim="adamw_torch_fused",
         train_sampling_strategy="group_by_length" if grouped else "random", bf16=bf16)
 
     class Tick(TrainerCallback):
@@ -206,21 +258,21 @@ def run_hf(work: Path, sents, labels, model_path: str, clock: StepClock | None, 
     return model, tok, True
 
 
-def run_bare(sents, labels, model_path: str, clock: StepClock | None):
+def run_bare(sents, labels, model_path: str, clock: StepClock | None, device: str = "cpu"):
     """A plain loop: random batches, dynamic padding, fused AdamW, clipping."""
     from finetune_cli.models import HeadSpec, load_text_model
 
     torch.manual_seed(0)
     model, tok, _ = load_text_model(model_path, HeadSpec(pooling="mean", num_labels=2))
-    model.train()
+    model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, fused=True)
     enc = tok(sents, truncation=True, max_length=MAXLEN)
     order = np.random.default_rng(0).permutation(len(sents))
     for i in range(0, len(order), BATCH):
         idx = order[i:i + BATCH].tolist()
         feats = tok.pad({k: [enc[k][j] for j in idx] for k in ("input_ids", "token_type_ids", "attention_mask")},
-                        return_tensors="pt")
-        y = torch.tensor([labels[j] for j in idx])
+                        return_tensors="pt").to(device)
+        y = torch.tensor([labels[j] for j in idx], device=device)
         loss = torch.nn.functional.cross_entropy(model(dict(feats)).logits.float(), y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -232,6 +284,8 @@ def run_bare(sents, labels, model_path: str, clock: StepClock | None):
 
 
 def worker(a) -> None:
+    global MAXLEN
+    MAXLEN = a.max_length
     work = Path(a.work)
     sents, labels = read_tsv(work / "train.tsv")
     wsents, wlabels = read_tsv(work / "warm.tsv")
@@ -248,22 +302,27 @@ def worker(a) -> None:
     def once(ss, ys, file, clock, name):
         if a.worker in ("finetune", "finetune_bf16"):
             extra = [*a.ft, "train.precision=bf16"] if a.worker == "finetune_bf16" else a.ft
-            return run_finetune(tmp, name, file, ft_model, clock, extra)
+            return run_finetune(tmp, name, file, ft_model, clock, extra, a.device)
         if a.worker in ("hf_grouped", "hf_default", "hf_grouped_bf16"):
             return run_hf(tmp / name, ss, ys, model_path, clock, a.worker != "hf_default",
-                          bf16=a.worker == "hf_grouped_bf16")
-        return run_bare(ss, ys, model_path, clock)
+                          bf16=a.worker == "hf_grouped_bf16", device=a.device)
+        return run_bare(ss, ys, model_path, clock, a.device)
 
     t0 = time.perf_counter()
     once(wsents, wlabels, work / "warm.tsv", None, "warm")
     warm_s = time.perf_counter() - t0
-    clock = StepClock(a.skip)
+    clock = StepClock(a.skip, total=-(-len(sents) // BATCH), cuda=a.device.startswith("cuda"), profile=a.profile_steps)
     t0 = time.perf_counter()
     model, tok, hf = once(sents, labels, work / "train.tsv", clock, "timed")
     train_s = time.perf_counter() - t0
+    clock.close()
     acc = accuracy(model, tok, dev, dev_labels, hf) if a.accuracy else None
+    mem = torch.cuda.max_memory_allocated() / 2**30 if a.device.startswith("cuda") else None
+    dev = (f"{a.device} {torch.cuda.get_device_name()}" if a.device.startswith("cuda")
+           else f"cpu, torch threads {torch.get_num_threads()}")
     print(json.dumps({"train_s": train_s, "warm_s": warm_s, "steps": clock.steps, "ms_per_step": clock.ms_per_step(),
-                      "accuracy": acc, "threads": torch.get_num_threads()}))
+                      "accuracy": acc, "threads": torch.get_num_threads(), "device": dev, "peak_gb": mem,
+                      "profile": clock.profile_summary()}))
 
 
 # ---- parent ------------------------------------------------------------------------------------------
@@ -273,6 +332,7 @@ def spread(xs: list[float], fmt: str = "{:.1f}") -> str:
 
 
 def main() -> None:
+    global MAXLEN
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", default=os.environ.get("FINETUNE_DATA_DIR"))
     ap.add_argument("--n", type=int, default=None, help="training sentences, one epoch (default 4000; proxy 8192)")
@@ -283,6 +343,11 @@ def main() -> None:
                     help="extra recipe override for the finetune runner (repeatable)")
     ap.add_argument("--skip", type=int, default=10, help="steps before the ms/step clock starts")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (every runner on it)")
+    ap.add_argument("--max-length", type=int, default=MAXLEN, help=f"tokens per sentence at most (default {MAXLEN})")
+    ap.add_argument("--base", action="store_true", help="a random BERT-base-size encoder instead of MiniLM")
+    ap.add_argument("--profile", action="store_true", help="one more run per runner under torch.profiler")
+    ap.add_argument("--profile-steps", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=RUNNERS + BF16_RUNNERS, help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="embedded", help=argparse.SUPPRESS)
@@ -291,13 +356,15 @@ def main() -> None:
     if a.worker:
         return worker(a)
 
+    MAXLEN = a.max_length
     runners = [r.strip() for r in a.runners.split(",") if r.strip()]
     label = {r: (f"finetune@{Path(r.partition('@')[2]).resolve().name}" if "@" in r else r) for r in runners}
     n = a.n or (8192 if a.proxy else 4000)
     sents, labels, dev, dev_labels, source = load_sentences(a.data_dir, n)
     with tempfile.TemporaryDirectory() as t:
         work = Path(t)
-        model = str(build_tiny_model(work / "tiny")) if a.proxy else "embedded"
+        model = (str(build_tiny_model(work / "tiny")) if a.proxy else
+                 str(build_tiny_model(work / "base", base=True)) if a.base else "embedded")
         from transformers import AutoTokenizer
 
         from finetune_cli.models.loading import embedded_model_path
@@ -307,41 +374,60 @@ def main() -> None:
         write_tsv(work / "warm.tsv", *warm_subset(sents, labels, tok))
         write_tsv(work / "dev.tsv", dev, dev_labels)
         results: dict[str, list[dict]] = {label[r]: [] for r in runners}
+        profiles: dict[str, dict] = {}
+
+        def run_worker(r: str, profile_steps: int = 0) -> dict:
+            name, _, root = r.partition("@")
+            env = dict(os.environ, PYTHONPATH=str(Path(root).resolve())) if root else None
+            cmd = [sys.executable, __file__, "--worker", name, "--work", str(work), "--model", model,
+                   "--skip", str(a.skip), "--accuracy", "0" if a.proxy or profile_steps else "1", "--device",
+                   a.device, "--max-length", str(a.max_length), "--profile-steps", str(profile_steps),
+                   *[x for o in a.ft for x in ("--ft", o)]]
+            t0 = time.perf_counter()
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            wall = time.perf_counter() - t0
+            if p.returncode != 0:
+                sys.exit(f"runner {r} failed:\n{p.stderr[-4000:]}")
+            res = json.loads(p.stdout.strip().splitlines()[-1])
+            res["process_s"] = wall
+            return res
+
         for rep in range(a.repeats):
             order = runners[rep % len(runners):] + runners[:rep % len(runners)]
             for r in order:
-                name, _, root = r.partition("@")
-                env = dict(os.environ, PYTHONPATH=str(Path(root).resolve())) if root else None
-                cmd = [sys.executable, __file__, "--worker", name, "--work", str(work), "--model", model,
-                       "--skip", str(a.skip), "--accuracy", "0" if a.proxy else "1",
-                       *[x for o in a.ft for x in ("--ft", o)]]
-                t0 = time.perf_counter()
-                p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                wall = time.perf_counter() - t0
-                if p.returncode != 0:
-                    sys.exit(f"runner {r} failed:\n{p.stderr[-4000:]}")
-                res = json.loads(p.stdout.strip().splitlines()[-1])
-                res["process_s"] = wall
+                res = run_worker(r)
                 results[label[r]].append(res)
                 acc = f"{res['accuracy']:.3f}" if res["accuracy"] is not None else "-"
+                mem = f"  peak {res['peak_gb']:.2f} GiB" if res.get("peak_gb") is not None else ""
                 print(f"  repeat {rep + 1} {label[r]:<20} train {res['train_s']:7.2f}s  {res['ms_per_step'] or 0:8.2f} ms/step"
-                      f"  process {wall:6.1f}s  dev acc {acc}", file=sys.stderr, flush=True)
+                      f"  process {res['process_s']:6.1f}s  dev acc {acc}{mem}", file=sys.stderr, flush=True)
+        for r in runners if a.profile else ():
+            profiles[label[r]] = run_worker(r, profile_steps=20)["profile"]
 
     med = {r: {"sent_per_s": statistics.median(n / x["train_s"] for x in rs),
                "ms_per_step": statistics.median(x["ms_per_step"] for x in rs),
                "accuracy": statistics.median(x["accuracy"] for x in rs) if rs[0]["accuracy"] is not None else None}
            for r, rs in results.items()}
-    print(f"\ndata: {source}, {n} sentences, batch {BATCH}, max_length {MAXLEN}, "
-          f"{'tiny random BERT (proxy)' if a.proxy else 'embedded MiniLM'}, cpu, torch threads "
-          f"{results[label[runners[0]]][0]['threads']}, {a.repeats} interleaved repeats; median (min-max)", file=sys.stderr)
+    first = results[label[runners[0]]][0]
+    what = "tiny random BERT (proxy)" if a.proxy else "random BERT-base-size encoder" if a.base else "embedded MiniLM"
+    print(f"\ndata: {source}, {n} sentences, batch {BATCH}, max_length {MAXLEN}, {what}, "
+          f"{first.get('device') or 'cpu, torch threads ' + str(first['threads'])}, {a.repeats} interleaved repeats; "
+          f"{time.strftime('%Y-%m-%d')}; median (min-max)", file=sys.stderr)
     if a.ft:
         print(f"finetune overrides: {' '.join(a.ft)}", file=sys.stderr)
-    print(f"{'runner':<22}{'sent/s (end to end)':>24}{'ms/step (steady)':>24}{'process s':>20}{'dev acc':>9}",
-          file=sys.stderr)
+    gpu = first.get("peak_gb") is not None
+    print(f"{'runner':<22}{'sent/s (end to end)':>24}{'ms/step (steady)':>24}{'process s':>20}{'dev acc':>9}"
+          + (f"{'peak GiB':>10}" if gpu else ""), file=sys.stderr)
     for r, rs in results.items():
         acc = f"{med[r]['accuracy']:.3f}" if med[r]["accuracy"] is not None else "-"
         print(f"{r:<22}{spread([n / x['train_s'] for x in rs]):>24}{spread([x['ms_per_step'] for x in rs], '{:.2f}'):>24}"
-              f"{spread([x['process_s'] for x in rs]):>20}{acc:>9}", file=sys.stderr)
+              f"{spread([x['process_s'] for x in rs]):>20}{acc:>9}"
+              + (f"{statistics.median(x['peak_gb'] for x in rs):>10.2f}" if gpu else ""), file=sys.stderr)
+    for r, pr in profiles.items():
+        if pr:
+            print(f"profile {r:<20}: {pr['wall_ms_per_step']:.2f} ms/step wall, {pr['kernel_ms_per_step']:.2f} ms of "
+                  f"GPU kernels ({pr['kernel_share']:.0%} busy), {pr['kernels_per_step']:.0f} kernels/step; top: "
+                  + "; ".join(f"{k} {v:.2f}" for v, k in pr["top"][:3]), file=sys.stderr)
     ratios = {}
     if "finetune" in med:
         for peer in ("hf_grouped", "hf_default", "bare", *[x for x in med if x.startswith("finetune@")]):
@@ -361,7 +447,7 @@ def main() -> None:
               f"{ratios['bf16_ms_per_step_vs_hf_grouped_bf16']:.2f}x ms/step", file=sys.stderr)
     if a.json:
         print(json.dumps({"source": source, "n": n, "proxy": a.proxy, "ft_overrides": a.ft, "results": results,
-                          "medians": med, "ratios": ratios}))
+                          "medians": med, "ratios": ratios, "profiles": profiles}))
 
 
 if __name__ == "__main__":

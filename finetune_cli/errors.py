@@ -7,7 +7,8 @@ Exit codes (also in the README and ``finetune --help``):
 1     an unexpected internal error (a bug): one line, and ``--debug`` / ``FINETUNE_DEBUG=1`` for
       the traceback
 2     bad input: a command-line usage error, a recipe, data, model, device or run-directory problem
-3     training cannot go on (a non-finite loss, a precision this device lacks)
+3     the run cannot go on (a non-finite loss, a precision this device lacks, out of device
+      memory at this batch size)
 4     a quality gate (``--expect``) failed: the metric missed its bound
 5     an output cannot be written or an input file cannot be read: a path that is a file, a
       read-only folder, a full disk
@@ -24,7 +25,7 @@ EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "unexpected internal error (rerun with --debug for the traceback)",
     2: "bad input: usage, recipe, data, model, device or run directory",
-    3: "training cannot go on (non-finite loss, unsupported precision)",
+    3: "the run cannot go on (non-finite loss, unsupported precision, out of device memory)",
     4: "a quality gate (--expect) failed: the metric missed its bound",
     5: "cannot write an output or read a file (path is a file, read-only, disk full), "
        "or `finetune push` cannot reach the Hub",
@@ -64,7 +65,7 @@ class CorruptCheckpointError(RunDirError):
 
 
 class TrainingError(FinetuneError):
-    """Training cannot go on (e.g. a non-finite loss)."""
+    """The run cannot go on (a non-finite loss, out of device memory at this batch size)."""
 
     exit_code = 3
 

@@ -24,7 +24,7 @@ from finetune_cli.data.encode import EncodedData, collate, encode_table, to_devi
 from finetune_cli.data.sampling import sorted_batches
 from finetune_cli.data.sources import Table
 from finetune_cli.engine.device import autocast_dtype, resolve_device, resolve_precision
-from finetune_cli.errors import DeviceError
+from finetune_cli.errors import DeviceError, TrainingError
 from finetune_cli.models.loading import (
     check_max_length,
     default_max_length,
@@ -154,9 +154,14 @@ class InferenceSession:
 
     def forward(self, data: EncodedData, batch_size: int, *, want: tuple[str, ...] = ("logits",), view: int = 0,
                 progress=None) -> dict[str, np.ndarray]:
-        """:func:`forward_all` on the session's device, pad id and precision."""
-        return forward_all(self.model, data, batch_size, self.pad_id, self.device, view=view, want=want,
-                           progress=progress, autocast_dtype=autocast_dtype(self.precision))
+        """:func:`forward_all` on the session's device, pad id and precision; running out of device
+        memory is one line naming ``--batch-size``."""
+        try:
+            return forward_all(self.model, data, batch_size, self.pad_id, self.device, view=view, want=want,
+                               progress=progress, autocast_dtype=autocast_dtype(self.precision))
+        except torch.OutOfMemoryError:
+            raise TrainingError(f"out of memory on {self.device} at --batch-size {batch_size} "
+                                f"(inputs cut at {self.max_length} tokens): lower --batch-size") from None
 
     def stream(self, chunks: Iterable[Table], columns: Sequence[str], batch_size: int, *, joint: bool,
                want: tuple[str, ...] = ("logits",), progress=None) -> Iterator[tuple[Table, dict[str, np.ndarray]]]:

@@ -533,6 +533,12 @@ class Trainer:
                 while self._steps_left():
                     epoch = self._run_epoch(loop, pool, progress, epoch)
                 self._final_evaluate_and_save(loop, progress)
+        except torch.OutOfMemoryError:
+            # One line instead of the allocator's page; the last checkpoint written stays intact.
+            raise TrainingError(
+                f"out of memory on {self.device_name} at step {self.state.step + 1} with train.batch_size="
+                f"{self.cfg.batch_size}: lower train.batch_size (raise train.grad_accum to keep the "
+                "effective batch), lower model.max_length or set train.gradient_checkpointing=true") from None
         except KeyboardInterrupt:
             # Model weights are those of the last completed step; save them with the RNG state
             # from the start of the step that was cut short, so a resume replays it exactly.

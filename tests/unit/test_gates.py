@@ -105,6 +105,6 @@ def test_help_lists_exit_codes_and_completion():
     res = runner.invoke(app, ["--help"])
     assert res.exit_code == 0
     text = " ".join(res.output.split())
-    for part in ("Exit codes: 0 success", "2 bad input", "3 training cannot go on", "5 cannot write an output", "4 a quality gate", "130 interrupted",
+    for part in ("Exit codes: 0 success", "2 bad input", "3 the run cannot go on", "5 cannot write an output", "4 a quality gate", "130 interrupted",
                  "--install-completion", "--show-completion"):
         assert part in text, part

@@ -1,0 +1,63 @@
+"""Running out of device memory is one line naming the batch size and exit 3, not the allocator's
+traceback (simulated here with the exception torch raises; the GPU tier provokes a real one)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from typer.testing import CliRunner
+
+from finetune_cli.cli.main import app
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_error_line(res) -> str:
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.output
+    return lines[0]
+
+
+def test_out_of_memory_at_a_training_step(tiny_recipe, tmp_path, monkeypatch):
+    from finetune_cli.objectives.ce import CrossEntropy
+
+    calls = {"n": 0}
+    orig = CrossEntropy.forward
+
+    def oom_at_step_3(self, model, batch):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.50 GiB ...")
+        return orig(self, model, batch)
+
+    monkeypatch.setattr(CrossEntropy, "forward", oom_at_step_3)
+    res = invoke("train", "-r", "quickstart", *tiny_recipe("train.save_every=1"), "--device", "cpu", "-q")
+    assert res.exit_code == 3
+    line = one_error_line(res)
+    assert line.startswith("error: out of memory on cpu") and "at step 3 with train.batch_size=8" in line, line
+    assert "train.grad_accum" in line and "Traceback" not in res.output
+    run = tmp_path / "runs" / "tiny"
+    assert (run / "checkpoint-2").is_dir() and not (run / "summary.json").exists()  # nothing lost
+
+
+def test_out_of_memory_in_predict(tiny_recipe, tmp_path, monkeypatch, quickstart_data):
+    assert invoke("train", "-r", "quickstart", *tiny_recipe("train.max_steps=2"), "--device", "cpu", "-q").exit_code == 0
+    import finetune_cli.engine.inference as inference
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory.")
+
+    monkeypatch.setattr(inference, "forward_all", oom)
+    out = tmp_path / "p.jsonl"
+    res = invoke("predict", tmp_path / "runs" / "tiny", "-i", quickstart_data["eval"], "-o", out, "-c", "sentence",
+                 "--batch-size", "512", "--device", "cpu", "-q")
+    assert res.exit_code == 3
+    line = one_error_line(res)
+    assert line.startswith("error: out of memory on cpu at --batch-size 512") and "lower --batch-size" in line, line
+    assert not out.exists() and not list(tmp_path.glob("p.jsonl*"))
+    assert json.loads((tmp_path / "runs" / "tiny" / "summary.json").read_text())["steps"] == 2
