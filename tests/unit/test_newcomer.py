@@ -8,23 +8,10 @@ import math
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from finetune_cli.cli.main import app
 from finetune_cli.errors import RecipeError
 from finetune_cli.pipelines.recipes import load_recipe
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_error_line(res) -> str:
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, res.output
-    return lines[0]
+from tests.unit._cli import invoke, one_error_line
 
 
 @pytest.mark.parametrize("given", ["r3f", "r3f.yaml", "recipes/r3f.yaml"])

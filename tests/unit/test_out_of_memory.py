@@ -6,21 +6,8 @@ from __future__ import annotations
 import json
 
 import torch
-from typer.testing import CliRunner
 
-from finetune_cli.cli.main import app
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_error_line(res) -> str:
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, res.output
-    return lines[0]
+from tests.unit._cli import invoke, one_error_line
 
 
 def test_out_of_memory_at_a_training_step(tiny_recipe, tmp_path, monkeypatch):
