@@ -159,7 +159,7 @@ class InferenceSession:
         try:
             return forward_all(self.model, data, batch_size, self.pad_id, self.device, view=view, want=want,
                                progress=progress, autocast_dtype=autocast_dtype(self.precision))
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:  # = torch.OutOfMemoryError; this name on every torch >= 2.2
             raise TrainingError(f"out of memory on {self.device} at --batch-size {batch_size} "
                                 f"(inputs cut at {self.max_length} tokens): lower --batch-size") from None
 

@@ -533,7 +533,7 @@ class Trainer:
                 while self._steps_left():
                     epoch = self._run_epoch(loop, pool, progress, epoch)
                 self._final_evaluate_and_save(loop, progress)
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:  # = torch.OutOfMemoryError; this name on every torch >= 2.2
             # One line instead of the allocator's page; the last checkpoint written stays intact.
             raise TrainingError(
                 f"out of memory on {self.device_name} at step {self.state.step + 1} with train.batch_size="
