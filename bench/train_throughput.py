@@ -119,7 +119,7 @@ def read_tsv(path: Path) -> tuple[list[str], list[int]]:
     return [r[0] for r in rows], [int(r[1]) for r in rows]
 
 
-def build_tiny_model(out: Path, base: bool = False) -> Path:
+def build_random_bert(out: Path, base: bool = False) -> Path:
     """The tests' tiny random BERT (2 layers, width 32) with the embedded model's tokenizer;
     ``base``: a random encoder of bert-base's size (12 layers, 768 wide, 3072 inner, 12 heads)."""
     from transformers import AutoTokenizer, BertConfig, BertModel
@@ -147,7 +147,7 @@ class StepClock:
         self.skip, self.steps, self.t_skip, self.t_last = skip, 0, None, None
         self.total, self.cuda = total, cuda
         self.profile = max(0, min(profile, total - skip - 1)) if profile else 0
-        self.prof, self.prof_wall = None, None
+        self.prof, self.prof_wall, self.t_prof = None, None, 0.0
 
     def tick(self) -> None:
         self.steps += 1
@@ -311,17 +311,18 @@ def worker(a) -> None:
     t0 = time.perf_counter()
     once(wsents, wlabels, work / "warm.tsv", None, "warm")
     warm_s = time.perf_counter() - t0
-    clock = StepClock(a.skip, total=-(-len(sents) // BATCH), cuda=a.device.startswith("cuda"), profile=a.profile_steps)
+    clock = StepClock(a.skip, total=-(-len(sents) // BATCH), cuda=a.device.startswith("cuda"),
+                      profile=a.profile_steps)
     t0 = time.perf_counter()
     model, tok, hf = once(sents, labels, work / "train.tsv", clock, "timed")
     train_s = time.perf_counter() - t0
     clock.close()
     acc = accuracy(model, tok, dev, dev_labels, hf) if a.accuracy else None
-    mem = torch.cuda.max_memory_allocated() / 2**30 if a.device.startswith("cuda") else None
-    dev = (f"{a.device} {torch.cuda.get_device_name()}" if a.device.startswith("cuda")
-           else f"cpu, torch threads {torch.get_num_threads()}")
+    cuda = a.device.startswith("cuda")
+    mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    where = f"{a.device} {torch.cuda.get_device_name()}" if cuda else f"cpu, torch threads {torch.get_num_threads()}"
     print(json.dumps({"train_s": train_s, "warm_s": warm_s, "steps": clock.steps, "ms_per_step": clock.ms_per_step(),
-                      "accuracy": acc, "threads": torch.get_num_threads(), "device": dev, "peak_gb": mem,
+                      "accuracy": acc, "threads": torch.get_num_threads(), "device": where, "peak_gb": mem,
                       "profile": clock.profile_summary()}))
 
 
@@ -363,8 +364,8 @@ def main() -> None:
     sents, labels, dev, dev_labels, source = load_sentences(a.data_dir, n)
     with tempfile.TemporaryDirectory() as t:
         work = Path(t)
-        model = (str(build_tiny_model(work / "tiny")) if a.proxy else
-                 str(build_tiny_model(work / "base", base=True)) if a.base else "embedded")
+        model = (str(build_random_bert(work / "tiny")) if a.proxy else
+                 str(build_random_bert(work / "base", base=True)) if a.base else "embedded")
         from transformers import AutoTokenizer
 
         from finetune_cli.models.loading import embedded_model_path

@@ -5,15 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from finetune_cli.cli.main import app
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, list(args))
+from tests.unit._cli import invoke
 
 
 def error_line(res) -> str:

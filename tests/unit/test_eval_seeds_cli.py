@@ -5,18 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from finetune_cli.cli.main import app
 from finetune_cli.pipelines.multiseed import parse_seeds
 from finetune_cli.recipe import RecipeError
+from tests.unit._cli import invoke
 
-runner = CliRunner()
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-def invoke(*args):
-    return runner.invoke(app, list(args))
 
 
 def test_parse_seeds():

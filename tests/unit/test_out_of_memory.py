@@ -1,5 +1,5 @@
-"""Running out of device memory is one line naming the batch size and exit 3, not the allocator's
-traceback (simulated here with the exception torch raises; the GPU tier provokes a real one)."""
+"""Running out of device memory is one line naming the batch size and exit 3, not an "unexpected
+internal error" (simulated here with the exception torch raises; the GPU tier provokes a real one)."""
 
 from __future__ import annotations
 
