@@ -32,6 +32,24 @@ def test_out_of_memory_at_a_training_step(tiny_recipe, tmp_path, monkeypatch):
     assert (run / "checkpoint-2").is_dir() and not (run / "summary.json").exists()  # nothing lost
 
 
+def test_out_of_memory_in_an_evaluation_names_the_evaluation(tiny_recipe, tmp_path, monkeypatch):
+    """The evaluation has its own batch size: its out-of-memory line names it, not the next step."""
+    import finetune_cli.engine.evaluation as evaluation
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory.")
+
+    monkeypatch.setattr(evaluation, "forward_all", oom)
+    res = invoke("train", "-r", "quickstart", *tiny_recipe("train.eval_every=2", "train.save_every=1",
+                                                          "train.eval_batch_size=64"), "--device", "cpu", "-q")
+    assert res.exit_code == 3
+    line = one_error_line(res)
+    assert line.startswith("error: out of memory on cpu"), line
+    assert "in the evaluation after step 2 with train.eval_batch_size=64:" in line, line
+    assert "lower train.eval_batch_size" in line and "train.batch_size" not in line.replace("eval_batch_size", "")
+    assert (tmp_path / "runs" / "tiny" / "checkpoint-1").is_dir()  # the last checkpoint stays
+
+
 def test_out_of_memory_in_predict(tiny_recipe, tmp_path, monkeypatch, quickstart_data):
     assert invoke("train", "-r", "quickstart", *tiny_recipe("train.max_steps=2"), "--device", "cpu", "-q").exit_code == 0
     import finetune_cli.engine.inference as inference
