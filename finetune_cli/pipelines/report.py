@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from finetune_cli.errors import DataError
 from finetune_cli.fsutil import check_output_file
-from finetune_cli.metrics.names import ordered
+from finetune_cli.metrics.names import REFIT_METRICS, ordered
 from finetune_cli.metrics.stats import mean_std, paired_stats
 from finetune_cli.pipelines.runs import RunRecord, load_run
 from finetune_cli.rundir import RunDir, expand_run_dirs
@@ -121,6 +121,12 @@ def build_report(paths: Sequence[str], compare: Sequence[str] = (), plot: Option
     if plot is not None:
         check_output_file(plot, "--plot")
     runs = [load_run(p) for p in expand_run_dirs(paths)]
+    # The refitted head's training accuracy describes training, not the evaluation: runs with and
+    # without train.refit_head (fewshot/ce against fewshot/head) compare on what they all evaluate.
+    for m in REFIT_METRICS:
+        if not all(m in r.metrics for r in runs):
+            for r in runs:
+                r.metrics.pop(m, None)
     first = runs[0]
     for r in runs[1:]:
         if set(r.metrics) != set(first.metrics):

@@ -54,7 +54,7 @@ def test_mean_std_is_the_sample_std():
 
 
 def fake_run(root: Path, name: str, seed: int, acc: float, *, objective: str = "ce", lr: float = 1e-3,
-             eval_data: str = "dev.tsv", with_eval: bool = True, labels=("0", "1")) -> Path:
+             eval_data: str = "dev.tsv", with_eval: bool = True, labels=("0", "1"), refit: bool = False) -> Path:
     run = root / name / f"seed-{seed}"
     run.mkdir(parents=True)
     recipe = {"model": {"name": "embedded"}, "data": {"train": "train.tsv", "eval": "sel.tsv", "seed": None},
@@ -62,7 +62,8 @@ def fake_run(root: Path, name: str, seed: int, acc: float, *, objective: str = "
               "output": {"dir": str(root / name), "name": f"seed-{seed}"}}
     (run / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     (run / "summary.json").write_text(json.dumps({"seed": seed, "labels": list(labels),
-                                                  "final_eval": {"accuracy": acc, "f1_macro": acc, "mcc": 0.1}}))
+                                                  "final_eval": {"accuracy": acc, "f1_macro": acc, "mcc": 0.1,
+                                                                 **({"refit_train_accuracy": 1.0} if refit else {})}}))
     if with_eval:
         (run / "eval.json").write_text(json.dumps({
             "data": eval_data, "labels": list(labels), "metrics": {"accuracy": acc, "f1_macro": acc - 0.01, "mcc": 0.5},
@@ -93,6 +94,21 @@ def test_report_groups_seeds_and_compares(two_recipes):
     # without --compare, two recipes compare the second against the first
     rep2 = build_report([str(two_recipes / "ce"), str(two_recipes / "scl")])
     assert (rep2.comparisons[0].a, rep2.comparisons[0].b) == ("scl", "ce")
+
+
+def test_report_compares_runs_with_and_without_a_refitted_head(tmp_path):
+    """fewshot/ce (train.refit_head: its evaluations add the refit's training accuracy) against
+    fewshot/head (none): compared on the metrics both evaluate; two with the refit keep it."""
+    root = tmp_path / "runs"
+    for s, (a, b) in enumerate(zip(A, B, strict=True), 1):
+        fake_run(root, "ce", s, a, with_eval=False, refit=True)
+        fake_run(root, "head", s, b, with_eval=False, lr=5e-4)
+        fake_run(root, "ce2", s, b, with_eval=False, refit=True, lr=2e-3)
+    rep = build_report([str(root / "ce"), str(root / "head")], ["ce,head"])
+    assert rep.metrics == ["accuracy", "f1_macro", "mcc"]
+    c = next(c for c in rep.comparisons if c.metric == "accuracy")
+    assert c.diff == pytest.approx(np.mean(A) - np.mean(B)) and c.n == 5
+    assert "refit_train_accuracy" in build_report([str(root / "ce"), str(root / "ce2")]).metrics
 
 
 def test_fingerprint_ignores_seed_and_output_only():
