@@ -275,7 +275,6 @@ class Trainer:
             "loss" not in cfg.metric)
         self.state = TrainState()
         self.stop = StopRequests(self.procs)
-        self._evaluating = False  # names the evaluation, not the next step, in an out-of-memory error
 
     def _count_steps(self) -> tuple[int, int]:
         """Optimizer steps per epoch (this rank's batches of an epoch over ``grad_accum``) and the
@@ -453,14 +452,17 @@ class Trainer:
         """Evaluate at this step; if interrupted, leave the state as it was before the evaluation
         began (with ``eval_pending``) so the checkpoint written on the way out reruns it whole."""
         before = copy.deepcopy(self.state)
-        self._evaluating = True  # stays set if the evaluation raises: the error names it
         try:
             self._evaluate(progress)
         except KeyboardInterrupt:
             before.eval_pending = True
             self.state = before
             raise
-        self._evaluating = False
+        except torch.cuda.OutOfMemoryError:  # its own batch size, so its own line (the step's is in train)
+            raise TrainingError(
+                f"out of memory on {self.device_name} in the evaluation after step {self.state.step} with "
+                f"train.eval_batch_size={self.cfg.eval_batch_size}: lower train.eval_batch_size or "
+                "model.max_length") from None
         self.state.eval_pending = False
 
     def _interrupt_checkpoint(self, loop: _Loop) -> Optional[Path]:
@@ -538,7 +540,10 @@ class Trainer:
                 self._final_evaluate_and_save(loop, progress)
         except torch.cuda.OutOfMemoryError:  # = torch.OutOfMemoryError; this name on every torch >= 2.2
             # One line instead of the allocator's page; the last checkpoint written stays intact.
-            raise TrainingError(self._out_of_memory_message()) from None
+            raise TrainingError(
+                f"out of memory on {self.device_name} at step {self.state.step + 1} with train.batch_size="
+                f"{self.cfg.batch_size}: lower train.batch_size (raise train.grad_accum to keep the "
+                "effective batch), lower model.max_length or set train.gradient_checkpointing=true") from None
         except KeyboardInterrupt:
             # Model weights are those of the last completed step; save them with the RNG state
             # from the start of the step that was cut short, so a resume replays it exactly.
@@ -548,17 +553,6 @@ class Trainer:
             pool.shutdown(wait=True, cancel_futures=True)
             tracking.finish(self.acc)
         return self._finish()
-
-    def _out_of_memory_message(self) -> str:
-        """What ran out of memory (a training step, or the evaluation after a step, which has a batch
-        size of its own) and the knobs that help."""
-        cfg = self.cfg
-        if self._evaluating:
-            return (f"out of memory on {self.device_name} in the evaluation after step {self.state.step} with "
-                    f"train.eval_batch_size={cfg.eval_batch_size}: lower train.eval_batch_size or model.max_length")
-        return (f"out of memory on {self.device_name} at step {self.state.step + 1} with train.batch_size="
-                f"{cfg.batch_size}: lower train.batch_size (raise train.grad_accum to keep the "
-                "effective batch), lower model.max_length or set train.gradient_checkpointing=true")
 
     def _start(self, resume_from: Optional[Path]) -> _Loop:
         """Everything before the first step: sweep stale temp files, load the checkpoint, seed,
