@@ -369,7 +369,11 @@ def test_nproc_failure_of_one_rank_is_that_ranks_line(small_model, tmp_path):
     assert res.returncode == 2, res.stderr[-3000:]
     assert _lines(res.stderr) == ["error: injected failure on rank1 at step 3"], res.stderr[-3000:]
     exits = _exits(trace)
-    assert exits[1][0] == 2 and exits[0][0] in (130, 6), exits
+    # Rank 0 exits by itself (6: it saw its peer go; 130: the agent's SIGTERM) or leaves no exit
+    # record: killed by the agent after its grace period, or ended by gloo itself when the peer
+    # vanished mid-collective (seen once, in a clean-clone CI run; 8 of 8 idle and loaded runs here
+    # exit 6 within 2 s). The run's line and code are rank 1's either way, and nothing is left running.
+    assert exits[1][0] == 2 and exits.get(0, (None,))[0] in (130, 6, None), exits
     _no_process_left(trace)
 
 
