@@ -164,7 +164,7 @@ class TrainConfig:
     min_evals: Optional[int] = field_spec(None, gt=0, help="evaluate about N times, evenly spaced over the run, "
                                                           "instead of once per epoch (shortens a longer eval_every)")
     save_every: Optional[int] = field_spec(None, gt=0, help="checkpoint every N steps; default: at each evaluation")
-    keep_checkpoints: int = field_spec(2, ge=1, help="checkpoint-*/ folders kept for resuming (the newest ones)")
+    keep_checkpoints: int = field_spec(2, ge=1, help="checkpoints kept for resuming (the newest checkpoint-<step>/ folders)")
     early_stopping_patience: Optional[int] = field_spec(None, gt=0, help="stop after N evaluations without improvement")
     metric: Optional[str] = field_spec(None, help="evaluation metric that picks the best checkpoint; default: the "
                                                   "objective's first (accuracy, pearson or spearman)")

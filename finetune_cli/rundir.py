@@ -3,8 +3,8 @@
 One home for what every command knows about ``runs/<name>/``::
 
     recipe.yaml          the resolved recipe the run was started with
-    metrics.jsonl        one JSON record per log line and per evaluation
-    checkpoint-<step>/   model/, optimizer/scheduler/RNG state, trainer_state.json, recipe.yaml
+    metrics.jsonl        one JSON record per log line and per evaluation (MetricsLog)
+    checkpoint-<step>/   see finetune_cli/checkpoint.py, their one home
     best/                the model at the best evaluation (+ eval_metrics.json)
     final/               the model at the end of training
     summary.json         written last: the run is complete
@@ -28,8 +28,8 @@ from typing import Any, Optional
 
 import yaml
 
-from finetune_cli.errors import CorruptCheckpointError, RecipeError, RunDirError, error_text
-from finetune_cli.fsutil import WRITE_TEST_PREFIX
+from finetune_cli.errors import RecipeError, RunDirError, error_text
+from finetune_cli.fsutil import WRITE_TEST_PREFIX, atomic_write_text
 from finetune_cli.recipe import Recipe, build_recipe
 
 RECIPE = "recipe.yaml"
@@ -41,13 +41,9 @@ BEST_METRICS = "eval_metrics.json"  # in best/: the evaluation that made it the 
 FINAL = "final"
 FIGURES = "figures"
 CURVES = "curves.png"
-STATE_FILE = "trainer_state.json"
-CHECKPOINT_MODEL = "model"
-CHECKPOINT_RECIPE = RECIPE  # every checkpoint carries the recipe it was written under
 LOCK = ".finetune.lock"
 MODEL_CONFIG = "config.json"
 ADAPTER_CONFIG = "adapter_config.json"  # a LoRA adapter folder (models/lora.py); an embedding one has no config.json
-_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 _SEED_DIR = re.compile(r"seed-(-?\d+)")
 
 
@@ -78,19 +74,9 @@ def expand_run_dirs(paths: Sequence[str]) -> list[Path]:
     return list(first.values())
 
 
-def checkpoint_step(p: Path) -> int:
-    m = _CHECKPOINT.fullmatch(p.name)
-    return int(m.group(1)) if m else -1
-
-
 def holds_model(folder: Path) -> bool:
     """A saved model folder: a transformers ``config.json``, or a LoRA adapter's ``adapter_config.json``."""
     return (folder / MODEL_CONFIG).is_file() or (folder / ADAPTER_CONFIG).is_file()
-
-
-def is_complete_checkpoint(p: Path) -> bool:
-    """A checkpoint that a resume can use: its state and its model were both written."""
-    return (p / STATE_FILE).is_file() and holds_model(p / CHECKPOINT_MODEL)
 
 
 # ---- integrity ---------------------------------------------------------------------------------
@@ -148,24 +134,6 @@ def folder_problem(folder: Path) -> Optional[str]:
     return None
 
 
-def checkpoint_problem(ck: Path, verify: Optional[Callable[[Path], Optional[str]]] = None) -> Optional[str]:
-    """Why checkpoint ``ck`` cannot be resumed from, or None. ``verify(ck)`` adds the checks only the
-    engine can make (its state files read back)."""
-    if not is_complete_checkpoint(ck):
-        return f"incomplete (needs {STATE_FILE} and {CHECKPOINT_MODEL}/config.json)"
-    why = folder_problem(ck)
-    if why is None:
-        try:
-            state = json.loads((ck / STATE_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):  # pragma: no cover - folder_problem parsed it
-            state = None
-        if not isinstance(state, dict) or not isinstance(state.get("step"), int):
-            why = f"{STATE_FILE} is not a trainer state"
-    if why is None and verify is not None:
-        why = verify(ck)
-    return why
-
-
 def read_json_object(f: Path) -> Optional[dict[str, Any]]:
     """A JSON object from a run directory, None when the file is absent; one error line when it is
     truncated, not JSON, or not an object."""
@@ -220,6 +188,67 @@ def same_job(folder: Path, stored: Optional[Mapping[str, Any]], job: Mapping[str
     raise RunDirError(f"{folder} holds a different {kind} ({'; '.join(diffs[:3])}{more}); {remedy}")
 
 
+# ---- the metrics log ---------------------------------------------------------------------------
+
+class MetricsLog:
+    """A run's ``metrics.jsonl``: one JSON object a line, a training record per log step (``step``,
+    ``epoch``, ``lr``, the loss parts ...) and an evaluation record per evaluation (``eval/<metric>``).
+
+    The one writer (the trainer's main process appends), the one truncation (a resume drops what
+    was logged after its checkpoint) and the one reader for every command (cards, curves,
+    reports): a line torn by a crash mid-write, the last one, is skipped; garbage before it is an
+    error naming the line."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def exists(self) -> bool:
+        return self.path.is_file()
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(dict(record)) + "\n")
+
+    def reset(self) -> None:
+        """A run that starts from scratch starts its log afresh."""
+        self.path.unlink(missing_ok=True)
+
+    def _lines(self) -> list[tuple[int, str, Optional[dict[str, Any]]]]:
+        """``(line number, text, record or None)`` for every non-blank line."""
+        out = []
+        text = self.path.read_text(encoding="utf-8", errors="replace") if self.path.is_file() else ""
+        for n, ln in enumerate(text.splitlines(), start=1):
+            if not ln.strip():
+                continue
+            try:
+                rec = json.loads(ln)
+            except ValueError:
+                rec = None
+            out.append((n, ln, rec if isinstance(rec, dict) else None))
+        return out
+
+    def read(self) -> list[dict[str, Any]]:
+        """The records, in order (none when the file is absent)."""
+        lines = self._lines()
+        for k, (n, _, rec) in enumerate(lines):
+            if rec is None and k < len(lines) - 1:
+                raise RunDirError(f"{self.path} line {n} is not a JSON record (damaged); the run's log cannot "
+                                  "be read")
+        return [rec for _, _, rec in lines if rec is not None]
+
+    def truncate(self, step: int, drop_eval: bool = False) -> None:
+        """Keep what was logged up to ``step`` (a resume logs the rest again), without that step's
+        evaluation when it is to be rerun (``drop_eval``); torn or damaged lines are dropped."""
+        if not self.path.is_file():
+            return
+
+        def keep(rec: dict[str, Any]) -> bool:
+            at = rec.get("step", 0)
+            return at < step or (at == step and not (drop_eval and any(k.startswith("eval/") for k in rec)))
+
+        atomic_write_text(self.path, "".join(ln + "\n" for _, ln, rec in self._lines() if rec is not None and keep(rec)))
+
+
 # ---- the run folder ----------------------------------------------------------------------------
 
 class RunDir:
@@ -227,7 +256,8 @@ class RunDir:
 
     def __init__(self, path: str | Path):
         self.path = p = Path(path)
-        self.recipe_file, self.metrics_file, self.summary_file = p / RECIPE, p / METRICS, p / SUMMARY
+        self.recipe_file, self.summary_file = p / RECIPE, p / SUMMARY
+        self.metrics = MetricsLog(p / METRICS)
         self.best, self.final, self.curves = p / BEST, p / FINAL, p / FIGURES / CURVES
 
     def __truediv__(self, name: str) -> Path:
@@ -236,62 +266,12 @@ class RunDir:
     def __str__(self) -> str:
         return str(self.path)
 
-    def checkpoint(self, step: int) -> Path:
-        return self.path / f"checkpoint-{step}"
-
     def is_run(self) -> bool:
         """A folder written by ``finetune train`` (a model folder has a config.json instead)."""
         return self.recipe_file.is_file() and not holds_model(self.path)
 
     def is_complete(self) -> bool:
         return self.summary_file.is_file()
-
-    # ---- checkpoints ---------------------------------------------------------------------------
-    def checkpoints(self, complete: bool = True) -> list[Path]:
-        """Checkpoint folders, oldest first (only those a resume can use, unless ``complete`` is off)."""
-        found = (p for p in self.path.glob("checkpoint-*") if checkpoint_step(p) >= 0 and p.is_dir())
-        return sorted((p for p in found if not complete or is_complete_checkpoint(p)), key=checkpoint_step)
-
-    def latest_checkpoint(self) -> Optional[Path]:
-        cks = self.checkpoints()
-        return cks[-1] if cks else None
-
-    def last_good_checkpoint(self, before_step: int) -> Optional[Path]:
-        good = [c for c in self.checkpoints() if checkpoint_step(c) < before_step]
-        return good[-1] if good else None
-
-    def prune(self, keep: int, protect: int) -> None:
-        """Delete all but the newest ``keep`` complete checkpoints, never the one of step ``protect``."""
-        for old in self.checkpoints()[:-keep] if keep > 0 else self.checkpoints():
-            if checkpoint_step(old) != protect:
-                shutil.rmtree(old, ignore_errors=True)
-
-    def intact_checkpoint(self, warn: Callable[[str], None],
-                          verify: Optional[Callable[[Path], Optional[str]]] = None) -> Optional[Path]:
-        """The newest checkpoint a resume can use; each newer damaged one is named through ``warn``.
-        None when there are no checkpoints; :class:`CorruptCheckpointError` when there are some but
-        none is intact (a silent restart would throw the run away)."""
-        damaged = []
-        for ck in reversed(self.checkpoints(complete=False)):
-            why = checkpoint_problem(ck, verify)
-            if why is None:
-                for name, w in damaged:
-                    warn(f"checkpoint {name} is damaged ({w}); resuming from the older {ck.name}")
-                return ck
-            damaged.append((ck.name, why))
-        if damaged:
-            listed = "; ".join(f"{n}: {w}" for n, w in damaged)
-            raise CorruptCheckpointError(f"no intact checkpoint in {self.path} to resume from ({listed}); pass "
-                                         f"--overwrite to train from scratch")
-        return None
-
-    def model_dir(self) -> Optional[Path]:
-        """The model the run stands for: ``best/``, else ``final/``, else its newest checkpoint's."""
-        for sub in (self.best, self.final):
-            if holds_model(sub):
-                return sub
-        ck = self.latest_checkpoint()
-        return ck / CHECKPOINT_MODEL if ck is not None else None
 
     # ---- what it holds -------------------------------------------------------------------------
     def read_recipe(self) -> Recipe:

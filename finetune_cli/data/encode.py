@@ -14,14 +14,18 @@ import hashlib
 import itertools
 import os
 import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 import numpy as np
 import torch
 
 from finetune_cli.data.sources import Table
+
+T = TypeVar("T")
 
 CACHE_ENV = "FINETUNE_CACHE"
 
@@ -214,3 +218,19 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, list):
         return [to_device(v, device) for v in batch]
     return batch
+
+
+def prefetched(build: Callable[[T], Any], items: Sequence[T], pool: Optional[Executor]) -> Iterator[Any]:
+    """``build(item)`` for each item in order, each built one ahead on ``pool`` (a one-worker
+    executor) while the caller uses the current one; without a pool, built as asked for. ``build``
+    must draw no random numbers (``collate`` draws none), so the results and the RNG stream are
+    those of a loop without prefetch."""
+    if pool is None:
+        yield from (build(it) for it in items)
+        return
+    nxt = pool.submit(build, items[0]) if items else None
+    for k in range(len(items)):
+        assert nxt is not None
+        b = nxt.result()
+        nxt = pool.submit(build, items[k + 1]) if k + 1 < len(items) else None
+        yield b

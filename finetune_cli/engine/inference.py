@@ -34,6 +34,7 @@ from finetune_cli.models.loading import (
 )
 from finetune_cli.models.lora import lora_config, merge_lora
 from finetune_cli.models.onnx import is_onnx_folder, load_onnx_folder
+from finetune_cli.models.text_model import HeadSpec
 
 _SHARD: ContextVar[Optional[Any]] = ContextVar("finetune_inference_shard", default=None)
 
@@ -102,19 +103,6 @@ def forward_all(model, data: EncodedData, batch_size: int, pad_id: int, device: 
     return placed
 
 
-def file_features(model, tokenizer, path, pair: bool, max_length: int, batch_size: int) -> tuple[np.ndarray, list[str]]:
-    """Pooled features and string labels of a ``text``/[``text_pair``]/``label`` JSONL file (a
-    materialised probe task), the pair encoded jointly."""
-    from finetune_cli.data.sources import read_file
-
-    cm = {"text": "text", "label": "label", **({"text_pair": "text_pair"} if pair else {})}
-    t = read_file(str(path), cm, "jsonl")
-    labels = [str(v) for v in t.columns.pop("label")]
-    cols = ("text", "text_pair") if pair else ("text",)
-    enc = encode_table(t, tokenizer, max_length, cols, joint=True)
-    return forward_all(model, enc, batch_size, pad_id(tokenizer), want=("embeddings",))["embeddings"], labels
-
-
 def pad_id(tokenizer) -> int:
     """The id batches are padded with: the tokenizer's, else 0 (the attention mask hides it)."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -163,6 +151,17 @@ class InferenceSession:
             raise TrainingError(f"out of memory on {self.device} at --batch-size {batch_size} "
                                 f"(inputs cut at {self.max_length} tokens): lower --batch-size") from None
 
+    def file_features(self, path: Path, pair: bool, batch_size: int) -> tuple[np.ndarray, list[str]]:
+        """Pooled features and string labels of a ``text``/[``text_pair``]/``label`` JSONL file (a
+        materialised probe task), the pair encoded jointly."""
+        from finetune_cli.data.sources import read_file
+
+        cm = {"text": "text", "label": "label", **({"text_pair": "text_pair"} if pair else {})}
+        t = read_file(str(path), cm, "jsonl")
+        labels = [str(v) for v in t.columns.pop("label")]
+        enc = self.encode(t, ("text", "text_pair") if pair else ("text",), joint=True)
+        return self.forward(enc, batch_size, want=("embeddings",))["embeddings"], labels
+
     def stream(self, chunks: Iterable[Table], columns: Sequence[str], batch_size: int, *, joint: bool,
                want: tuple[str, ...] = ("logits",), progress=None) -> Iterator[tuple[Table, dict[str, np.ndarray]]]:
         """Each chunk of rows with its outputs, in turn: tokenised, run in length-sorted batches and
@@ -188,7 +187,8 @@ class _Offset:
 
 
 def open_session(model_name: str, *, device: str = "auto", precision: str = "auto", max_length: Optional[int] = None,
-                 length_key: str = "--max-length", embedding: bool = False) -> InferenceSession:
+                 length_key: str = "--max-length", embedding: bool = False,
+                 heads: Optional[HeadSpec] = None) -> InferenceSession:
     """Load ``model_name`` (run directory, model folder, LoRA adapter folder (its adapters folded in),
     ONNX folder (run in onnxruntime), ``embedded`` or hub id) for inference.
 
@@ -197,6 +197,8 @@ def open_session(model_name: str, *, device: str = "auto", precision: str = "aut
     trained length, else the tokenizer's, at most 512), cut to the model's position limit; a length
     given over that limit is refused naming ``length_key``. ``embedding``: read a sentence-transformers
     folder as ``SentenceTransformer`` does (its pooling, ``Normalize``, length), its config in ``st``.
+    ``heads``: the heads to read the model with (the probe's encoder with the recipe's pooling and no
+    classifier), instead of what the folder says.
     """
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
@@ -210,7 +212,7 @@ def open_session(model_name: str, *, device: str = "auto", precision: str = "aut
     elif embedding:
         model, tokenizer, path, st = load_embedding_model(model_name)
     else:
-        model, tokenizer, path = load_text_model(model_name)
+        model, tokenizer, path = load_text_model(model_name, heads)
     if max_length is None:  # nobody asked for this length: never refuse it, cut it to what the model takes
         max_length = st.max_seq_length if st is not None and st.max_seq_length else default_max_length(path, tokenizer)
         max_length = min(max_length, position_limit(getattr(model, "encoder", model)) or max_length)

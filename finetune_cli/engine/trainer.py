@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,55 +36,29 @@ from typing import Any, Optional
 
 import torch
 
-from finetune_cli.data.encode import EncodedData, collate, pin, to_device
+from finetune_cli.checkpoint import Checkpointer
+from finetune_cli.data.encode import EncodedData, collate, pin, prefetched, to_device
 from finetune_cli.data.sampling import Padding, epoch_batches
 from finetune_cli.engine import device_info, tracking
-from finetune_cli.engine.checkpoint_io import has_state, load_state, save_state
-from finetune_cli.engine.device import resolve_precision
-from finetune_cli.engine.distributed import StopRequests, freeze_unused_parameters, init_distributed
-from finetune_cli.engine.head_refit import refit_head, refit_target
+from finetune_cli.engine.distributed import Processes, StopRequests, freeze_unused_parameters
+from finetune_cli.engine.head_refit import refit_head
 from finetune_cli.engine.inference import sharded
 from finetune_cli.engine.rng import capture_rng, rank_seed, restore_rng, seed_everything
-from finetune_cli.errors import ModelError, TrainingError
-from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, clean_stale_temps
-from finetune_cli.models.text_model import enable_gradient_checkpointing, parameter_counts
-from finetune_cli.objectives._dist import left_out
-from finetune_cli.recipe import TrainConfig
-from finetune_cli.rundir import BEST_METRICS, CHECKPOINT_MODEL, CHECKPOINT_RECIPE, STATE_FILE, RunDir
-from finetune_cli.ui import launched_world_size
-
-
-@dataclass
-class TrainState:
-    step: int = 0  # optimizer steps done
-    epoch: int = 0  # epoch the next batch comes from
-    batch_in_epoch: int = 0  # batches of that epoch already trained on
-    samples_seen: int = 0
-    train_seconds: float = 0.0
-    best_metric: Optional[float] = None
-    best_step: Optional[int] = None
-    evals_without_improvement: int = 0
-    last_eval: dict[str, float] = field(default_factory=dict)
-    stopped_early: bool = False
-    # An evaluation was under way when the run was interrupted: a resume runs it first, so the
-    # metrics (and best/, early stopping) are those of a run that never stopped.
-    eval_pending: bool = False
-    # Loss sums since the last log line, so a resumed run logs the same averages.
-    log_window: dict[str, float] = field(default_factory=dict)
-    log_window_steps: int = 0
-
-
-@dataclass
-class TrainResult:
-    state: TrainState
-    total_steps: int
-    device: str
-    precision: str
-    samples_per_second: float
-    device_name: str = ""  # e.g. "cuda:0 NVIDIA H100 80GB HBM3" or "cpu ×2 threads"
-    gpu_mem_peak_gb: Optional[float] = None  # CUDA only
-    num_processes: int = 1
-    trainable_params: int = 0  # parameters the optimizer updates (LoRA: the adapters and the head)
+from finetune_cli.engine.setup import (
+    build_optimizer,
+    build_scheduler,
+    check_trainable,
+    eval_interval,
+    make_accelerator,
+    prepare_model,
+    set_train_mode,
+)
+from finetune_cli.engine.state import Interrupted, TrainResult, TrainState
+from finetune_cli.errors import TrainingError
+from finetune_cli.fsutil import atomic_dir, atomic_write_json, clean_stale_temps
+from finetune_cli.objectives._dist import LEFT_OUT
+from finetune_cli.recipe import Recipe
+from finetune_cli.rundir import BEST_METRICS, RunDir
 
 
 @dataclass
@@ -96,133 +69,22 @@ class _Loop:
     ``rng_at_step_start`` is the RNG state the next step starts from: what a checkpoint written on
     an interrupt stores, so a resume replays the step that was cut short. ``pending``: the loss parts
     of the steps since the last host sync, still on the device (see ``Trainer._sync_losses``).
-    ``window_samples``/``window_time``: samples and training seconds since the last log line."""
+    ``window_samples``/``window_time``: samples and training seconds since the last log line. The
+    step last checkpointed is the ``Checkpointer``'s to know."""
 
     eval_every: int
     save_every: int
     last_eval_step: int
-    last_save_step: int
     rng_at_step_start: dict[str, Any]
     pending: list[tuple[int, int, int, tuple[str, ...], torch.Tensor]] = field(default_factory=list)
     window_samples: int = 0
     window_time: float = 0.0
 
 
-class Interrupted(Exception):
-    """Raised after a Ctrl-C / SIGTERM checkpoint has been written."""
-
-    def __init__(self, checkpoint: Optional[Path]):
-        super().__init__(str(checkpoint))
-        self.checkpoint = checkpoint
-
-
-# ---- device -----------------------------------------------------------------------------------
-
-def make_accelerator(dev: torch.device, precision: str, **tracking_kwargs):
-    """``dev``: the resolved device (``Processes.device``). ``precision``: auto (bf16 on a GPU that
-    has it) | fp32 | bf16 | fp16 (fp16 uses a gradient scaler; GPU only). ``tracking_kwargs``:
-    ``log_with`` and ``project_dir`` for experiment trackers (see ``engine.tracking``)."""
-    from accelerate import Accelerator
-
-    if dev.type == "cuda" and dev.index is not None and launched_world_size() == 1:
-        torch.cuda.set_device(dev)
-    use_cpu = dev.type == "cpu"
-    # accelerate keeps one process-wide state and refuses a second Accelerator with other settings;
-    # a single-process caller (tests, multi-seed runs, probe stages) may train several times with
-    # different devices or precisions, so start each run from a clean state. Under a launcher
-    # (WORLD_SIZE > 1) the distributed state must stay.
-    if launched_world_size() == 1:
-        from accelerate.state import AcceleratorState
-
-        AcceleratorState._reset_state(reset_partial_state=True)
-    prec = resolve_precision(precision, dev, "train.precision", TrainingError)
-    mp = "no" if prec == "fp32" else prec  # accelerate's name for no mixed precision
-    return Accelerator(cpu=use_cpu, mixed_precision=mp, **tracking_kwargs)
-
-
 def _weighted(micro: list[list[int]]) -> int:
     """The micro-batches of a step that carry loss weight (not ``Padding``; at least 1): the loss of
     each is divided by this, as by the number of micro-batches in a step without padding."""
     return max(1, sum(not isinstance(idx, Padding) for idx in micro))
-
-
-ENCODER_PREFIX = "encoder."
-
-
-def freeze_encoder(model: torch.nn.Module) -> int:
-    """Stop gradients into the encoder (``train.freeze_encoder``): only the heads train. Returns the
-    number of parameters frozen. Features are then a fixed function of the input, so no autograd
-    graph is built through the encoder and a step costs one forward pass of it."""
-    n = 0
-    for name, p in model.named_parameters():
-        if name.startswith(ENCODER_PREFIX):
-            p.requires_grad_(False)
-            n += p.numel()
-    return n
-
-
-def set_train_mode(model: torch.nn.Module, frozen_encoder: bool) -> None:
-    """``model.train()``, except that a frozen encoder stays in eval mode: frozen *features* are the
-    point of head-only training (with dropout on, every epoch would see different features)."""
-    model.train()
-    if frozen_encoder:
-        for name, m in model.named_modules():  # "encoder", or "module.encoder" under DDP
-            if name + "." == ENCODER_PREFIX or name.endswith("." + ENCODER_PREFIX[:-1]):
-                m.eval()
-
-
-def _param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
-    """No weight decay on biases and norms (BERT's recipe); the new heads may get their own lr.
-    Frozen parameters (``requires_grad`` off, e.g. ``train.freeze_encoder``) are left out."""
-    groups: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        no_decay = p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name or name.endswith(".bias")
-        head = not name.startswith(ENCODER_PREFIX)
-        groups.setdefault((no_decay, head), []).append(p)
-    out = []
-    for (no_decay, head), params in sorted(groups.items()):
-        out.append({"params": params, "weight_decay": 0.0 if no_decay else cfg.weight_decay,
-                    "lr": (cfg.head_lr or cfg.lr) if head else cfg.lr})
-    return out
-
-
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
-    """``train.optimizer`` over the parameter groups of :func:`_param_groups`, at ``train.lr``."""
-    groups = _param_groups(model, cfg)
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr)
-    if cfg.optimizer == "adafactor":
-        from transformers.optimization import Adafactor
-
-        # A fixed learning rate (train.lr and the schedule), as transformers' Trainer sets it up.
-        return Adafactor(groups, lr=cfg.lr, scale_parameter=False, relative_step=False, warmup_init=False)
-    # Fused AdamW (CPU and CUDA): one kernel for the whole update instead of a few per tensor;
-    # on the CPU it is several times faster than the per-tensor loop.
-    fused = device_type in ("cpu", "cuda") if cfg.optimizer == "adamw_fused" else False
-    return torch.optim.AdamW(groups, lr=cfg.lr, fused=fused or None)
-
-
-def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
-    """``train.lr_scheduler`` from transformers' ``get_scheduler`` (its ``linear`` is
-    ``get_linear_schedule_with_warmup``); ``train.warmup_steps`` when set, else ``warmup_ratio``."""
-    from transformers import get_scheduler
-
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * total_steps)
-    return get_scheduler(cfg.lr_scheduler, opt, num_warmup_steps=warmup, num_training_steps=total_steps)
-
-
-def eval_interval(cfg: TrainConfig, steps_per_epoch: int, total_steps: int) -> int:
-    """Steps between evaluations. ``min_evals`` ties the cadence to the step budget: without
-    ``eval_every`` the run evaluates every ``total_steps // min_evals`` steps instead of once per
-    epoch (a 40-example epoch is 3 steps: per-epoch evaluation would dominate the run), and an
-    ``eval_every`` longer than that is shortened (a few-shot run can be shorter than
-    ``eval_every``), so ``best/`` and early stopping act in every run."""
-    if not cfg.min_evals:
-        return cfg.eval_every or steps_per_epoch
-    every = max(1, total_steps // cfg.min_evals)
-    return min(cfg.eval_every, every) if cfg.eval_every else every
 
 
 class Trainer:
@@ -232,8 +94,9 @@ class Trainer:
         model: a ``TextModel`` (already holding checkpoint weights when resuming).
         objective: an ``Objective``.
         train_data: tokenised training set.
-        cfg: the recipe's ``train`` section.
-        run_dir: where checkpoints, ``metrics.jsonl`` and models go.
+        recipe: the validated recipe (its ``train`` section drives the loop; stored in every checkpoint).
+        run: the run folder: its checkpoints (a ``Checkpointer``), metrics log and models.
+        procs: this process's view of the run (``engine.distributed.init_distributed``, resolved once).
         save_model: ``save_model(model, out_dir)`` writes a loadable model folder.
         evaluate: ``evaluate(model) -> {metric: value}`` on the evaluation set, or None.
         sampler: name of the batch sampler (``Objective.sampler``, or ``random`` when
@@ -243,30 +106,26 @@ class Trainer:
             (same batches either way; off only to compare).
     """
 
-    def __init__(self, model, objective, train_data: EncodedData, cfg: TrainConfig, run_dir: Path, *, pad_id: int,
-                 save_model: Callable[[Any, Path], None], evaluate: Optional[Callable[[Any], dict[str, float]]],
-                 ui, recipe_yaml: str, device: str = "auto", sampler: str = "length_grouped",
+    def __init__(self, model, objective, train_data: EncodedData, recipe: Recipe, run: RunDir, procs: Processes, *,
+                 pad_id: int, save_model: Callable[[Any, Path], None],
+                 evaluate: Optional[Callable[[Any], dict[str, float]]], ui, sampler: str = "length_grouped",
                  callbacks: Sequence[Callable[[Trainer, TrainState], None]] = (), prefetch: bool = True):
-        self.cfg, self.run_dir, self.ui = cfg, Path(run_dir), ui
-        self.run = RunDir(self.run_dir)
+        self.recipe, self.cfg, self.run, self.ui = recipe, recipe.train, run, ui
+        cfg = self.cfg
+        self.checkpoints = Checkpointer(run, keep=cfg.keep_checkpoints)
         self.prefetch = prefetch
         self.train_data, self.pad_id = train_data, pad_id
         self.save_model_fn, self.evaluate_fn = save_model, evaluate
-        self.recipe_yaml, self.sampler, self.callbacks = recipe_yaml, sampler, list(callbacks)
-        self.procs = init_distributed(device)
+        self.sampler, self.callbacks = sampler, list(callbacks)
+        self.procs = procs
         self.acc = make_accelerator(self.procs.device, cfg.precision,
-                                    **tracking.accelerator_kwargs(cfg.report_to, self.run_dir))
+                                    **tracking.accelerator_kwargs(cfg.report_to, run.path))
         self.device_name = device_info.describe(self.acc.device)
         self.rank, self.world = self.procs.rank, self.procs.world
         self.steps_per_epoch, self.total_steps = self._count_steps()
-        self._check_trainable(model)
+        self.trainable = check_trainable(model, cfg, evaluated=evaluate is not None, log=ui.log)
         opt = build_optimizer(model, cfg, self.acc.device.type)
-        if cfg.gradient_checkpointing:
-            try:
-                enable_gradient_checkpointing(model)
-            except ValueError as e:
-                raise ModelError(f"train.gradient_checkpointing: {e}; set it to false") from None
-        self._setup_compile(model)
+        self.pad_multiple, self.max_width = prepare_model(model, cfg, int(train_data.lengths.max()))
         self.scheduler = build_scheduler(opt, cfg, self.total_steps)
         self.objective = objective.to(self.acc.device)
         self.frozen = self._freeze_unused(model)
@@ -291,32 +150,6 @@ class Trainer:
         data, cfg = self.train_data, self.cfg
         return epoch_batches(self.sampler, data.lengths, data.labels, cfg.batch_size, cfg.seed, epoch,
                              self.rank, self.world)
-
-    def _check_trainable(self, model) -> None:
-        """Freeze the encoder when the recipe asks (``train.freeze_encoder``), then refuse a job that
-        cannot train: nothing left to train, or a head refit without an evaluation set."""
-        cfg = self.cfg
-        if cfg.freeze_encoder and freeze_encoder(model) == 0:
-            raise TrainingError(f"train.freeze_encoder: the model has no `{ENCODER_PREFIX}*` parameters to freeze")
-        if cfg.refit_head:
-            refit_target(model)  # a model with no head to refit fails here, not at the first evaluation
-            if self.evaluate_fn is None:
-                raise TrainingError("train.refit_head refits the head before each evaluation: give the run an "
-                                    "evaluation set (data.eval_split or data.eval)")
-        self.trainable, total = parameter_counts(model)
-        if not self.trainable:
-            raise TrainingError("nothing to train: train.freeze_encoder is on and the model has no head "
-                                "(use a classification objective)")
-        self.ui.log(f"trainable parameters: {self.trainable:,} of {total:,} ({100 * self.trainable / total:.2f}%)")
-
-    def _setup_compile(self, model) -> None:
-        """``train.compile``: compile the encoder and set the batch widths it will see."""
-        # Widths are rounded up to multiples of 16 (never past the longest example), so
-        # torch.compile sees a handful of shapes, not one per batch width.
-        self.pad_multiple, self.max_width = (16, int(self.train_data.lengths.max())) if self.cfg.compile else (1, None)
-        if self.cfg.compile:
-            # Module.compile() compiles in place: parameter names, saving and DDP wrapping are unchanged.
-            (model.encoder if hasattr(model, "encoder") else model).compile()
 
     def _freeze_unused(self, model) -> list[str]:
         """Before DDP wraps the model: freeze what no loss trains (see ``freeze_unused_parameters``)
@@ -348,66 +181,35 @@ class Trainer:
         return self.acc.unwrap_model(self.model)
 
     def save_checkpoint(self, rng: Optional[dict[str, Any]] = None) -> Path:
-        """Write ``checkpoint-<step>/`` atomically (a temp dir renamed into place), then prune."""
-        target = self.run.checkpoint(self.state.step)
+        """Write this step's checkpoint (the main process; the others wait): the model, the engine's
+        states, every rank's RNG state (``rng``: this rank's, by default its current one)."""
         rngs = self.procs.gather_to_main(rng or capture_rng())  # every rank's own stream
         if self.is_main:
-            with atomic_dir(target) as tmp:
-                self.save_model_fn(self.unwrapped(), tmp / CHECKPOINT_MODEL)
-                # No pickle: these files are read back on resume (see engine/checkpoint_io.py).
-                save_state(self.optimizer.state_dict(), tmp, "optimizer")
-                save_state(self.scheduler.state_dict(), tmp, "scheduler")
-                if self.acc.scaler is not None:
-                    save_state(self.acc.scaler.state_dict(), tmp, "scaler")
-                for r, rank_rng in enumerate(rngs):
-                    save_state(rank_rng, tmp, f"rng-{r}")
-                (tmp / CHECKPOINT_RECIPE).write_text(self.recipe_yaml)
-                (tmp / STATE_FILE).write_text(json.dumps(asdict(self.state), indent=2))
-            self.run.prune(keep=self.cfg.keep_checkpoints, protect=self.state.step)
+            assert rngs is not None
+            states = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+            if self.acc.scaler is not None:
+                states["scaler"] = self.acc.scaler.state_dict()
+            self.checkpoints.write(self.state.step, save_model=lambda d: self.save_model_fn(self.unwrapped(), d),
+                                   states=states, rngs=rngs, recipe_yaml=self.recipe.to_yaml(),
+                                   trainer_state=asdict(self.state))
         self.acc.wait_for_everyone()
-        return target
+        return self.checkpoints.path(self.state.step)
 
     def load_checkpoint(self, ck: Path) -> None:
-        """Restore optimizer, scheduler, state and RNG (the model was loaded from ``ck/model``)."""
-        self.optimizer.load_state_dict(load_state(ck, "optimizer"))
-        self.scheduler.load_state_dict(load_state(ck, "scheduler"))
-        if self.acc.scaler is not None and has_state(ck, "scaler"):
-            self.acc.scaler.load_state_dict(load_state(ck, "scaler"))
-        self.state = TrainState(**json.loads((ck / STATE_FILE).read_text()))
-        self._resume_rng = self._checkpoint_rng(ck)
-        self._truncate_metrics(self.state.step, drop_eval=self.state.eval_pending)
-
-    def _checkpoint_rng(self, ck: Path) -> Optional[dict[str, Any]]:
-        """This rank's RNG state, ``rng-<rank>``. A rank the checkpoint has no state for (it was
-        written by fewer processes) gets None: a fresh stream, and the resume is not exact (the
-        batches differ anyway)."""
-        return load_state(ck, f"rng-{self.rank}") if has_state(ck, f"rng-{self.rank}") else None
-
-    def _truncate_metrics(self, step: int, drop_eval: bool = False) -> None:
-        """Drop metric lines logged after the checkpoint we resume from (they will be logged again),
-        and its own evaluation line when that evaluation is to be rerun (``drop_eval``)."""
-        f = self.run.metrics_file
-        if not (self.is_main and f.is_file()):
-            return
-
-        def keep_line(rec: dict) -> bool:
-            at = rec.get("step", 0)
-            return at < step or (at == step and not (drop_eval and any(k.startswith("eval/") for k in rec)))
-
-        keep = []
-        for ln in f.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:  # a line torn by a crash mid-write (or any garbage) is dropped
-                rec = json.loads(ln)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and keep_line(rec):
-                keep.append(ln)
-        atomic_write_text(f, "".join(ln + "\n" for ln in keep))
+        """Restore optimizer, scheduler, state and RNG (the model was loaded from the checkpoint)."""
+        got = self.checkpoints.read(ck, self.rank)
+        self.optimizer.load_state_dict(got.states["optimizer"])
+        self.scheduler.load_state_dict(got.states["scheduler"])
+        if self.acc.scaler is not None and "scaler" in got.states:
+            self.acc.scaler.load_state_dict(got.states["scaler"])
+        self.state = TrainState(**got.trainer_state)
+        self._resume_rng = got.rng
+        if self.is_main:  # what was logged after the checkpoint is logged again
+            self.run.metrics.truncate(self.state.step, drop_eval=self.state.eval_pending)
 
     def _log_metrics(self, record: dict[str, Any]) -> None:
         if self.is_main:
-            with (self.run.metrics_file).open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            self.run.metrics.append(record)
         tracking.log(self.acc, record)
 
     # ---- evaluation ---------------------------------------------------------------------------
@@ -429,23 +231,14 @@ class Trainer:
         if self.cfg.metric not in metrics:
             raise TrainingError(f"train.metric `{self.cfg.metric}` is not computed here (have: {', '.join(metrics)})")
         st = self.state
-        st.last_eval = metrics
-        value = metrics[self.cfg.metric]
-        better = st.best_metric is None or (value > st.best_metric if self.metric_greater else value < st.best_metric)
-        if better:
-            st.best_metric, st.best_step, st.evals_without_improvement = value, st.step, 0
-            if self.is_main:
-                with atomic_dir(self.run.best) as tmp:
-                    self.save_model_fn(self.unwrapped(), tmp)
-                    atomic_write_json(tmp / BEST_METRICS, {"step": st.step, **metrics})
-        else:
-            st.evals_without_improvement += 1
+        better = st.record_eval(metrics, self.cfg.metric, self.metric_greater, self.cfg.early_stopping_patience)
+        if better and self.is_main:
+            with atomic_dir(self.run.best) as tmp:
+                self.save_model_fn(self.unwrapped(), tmp)
+                atomic_write_json(tmp / BEST_METRICS, {"step": st.step, **metrics})
         self._log_metrics({"step": st.step, "epoch": st.epoch, **{f"eval/{k}": v for k, v in metrics.items()}})
         shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
         progress.log(f"eval @ step {st.step}: {shown}{'  (best)' if better else ''}")
-        pat = self.cfg.early_stopping_patience
-        if pat is not None and st.evals_without_improvement >= pat:
-            st.stopped_early = True
         return metrics
 
     def _evaluate_step(self, progress) -> None:
@@ -470,30 +263,18 @@ class Trainer:
         the next step starts from (written once, unless the regular save just wrote it)."""
         if self.state.step == 0:
             return None
-        if self.state.step == loop.last_save_step:
-            return self.run.checkpoint(self.state.step)
-        return self.save_checkpoint(rng=loop.rng_at_step_start)
+        return self.checkpoints.written(self.state.step) or self.save_checkpoint(rng=loop.rng_at_step_start)
 
     # ---- the loop -----------------------------------------------------------------------------
     def _batch_stream(self, pool: ThreadPoolExecutor, batches: list[list[int]], start: int) -> Iterator[Any]:
-        """Collated batches ``batches[start:]`` in order, each built one step ahead on ``pool``
-        (in page-locked memory on CUDA) while the current one trains. ``collate`` draws no random
-        numbers, so the batches and the RNG stream are those of a loop without prefetch."""
+        """Collated batches ``batches[start:]`` (in page-locked memory on CUDA), built a step ahead."""
         on_cuda = self.acc.device.type == "cuda"
 
         def build(idx: list[int]):
             b = collate(self.train_data, idx, self.pad_id, self.pad_multiple, self.max_width)
             return pin(b) if on_cuda else b
 
-        if not self.prefetch:
-            yield from (build(idx) for idx in batches[start:])
-            return
-        nxt = pool.submit(build, batches[start]) if start < len(batches) else None
-        for k in range(start, len(batches)):
-            assert nxt is not None
-            b = nxt.result()
-            nxt = pool.submit(build, batches[k + 1]) if k + 1 < len(batches) else None
-            yield b
+        return prefetched(build, batches[start:], pool if self.prefetch else None)
 
     def _sync_losses(self, loop: _Loop) -> float:
         """Read the loss parts of the steps since the last sync (one host transfer), check them
@@ -511,7 +292,7 @@ class Trainer:
             host = dict(zip(keys, flat[pos:pos + len(keys)], strict=True))
             pos += len(keys)
             if not math.isfinite(host["loss"]):
-                good = self.run.last_good_checkpoint(step)
+                good = self.checkpoints.last_good(step)
                 raise TrainingError(
                     f"loss is {host['loss'] / n_micro} at step {step} (epoch {epoch + 1}); stopped. "
                     f"Last good checkpoint: {good or 'none'}")
@@ -558,26 +339,24 @@ class Trainer:
         """Everything before the first step: sweep stale temp files, load the checkpoint, seed,
         start the log and the trackers; returns the loop's starting state."""
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run.path.mkdir(parents=True, exist_ok=True)
         # The main process alone removes leftovers of interrupted atomic writes, and everyone waits:
         # a slower rank cleaning here deleted the main's temp file of the metrics log it was just
         # truncating for the resume (ENOENT at the rename; a rare flake of the kill-9 resume test).
-        self.procs.on_main(lambda: clean_stale_temps(self.run_dir))
+        self.procs.on_main(lambda: clean_stale_temps(self.run.path))
         if resume_from is not None:
             self.load_checkpoint(resume_from)
         self._seed(resume_from)
         if resume_from is None and self.is_main:  # a run that died before its first checkpoint: its log starts afresh
-            (self.run.metrics_file).unlink(missing_ok=True)
-        import yaml
-
-        tracking.start(self.acc, cfg.report_to, self.run_dir, yaml.safe_load(self.recipe_yaml) or {},
-                       resuming=resume_from is not None)
+            self.run.metrics.reset()
+        tracking.start(self.acc, cfg.report_to, self.run.path, self.recipe.to_dict(), resuming=resume_from is not None)
         device_info.reset_peak(self.acc.device)
         set_train_mode(self.model, cfg.freeze_encoder)
         eval_every = eval_interval(cfg, self.steps_per_epoch, self.total_steps)
         done = self.state.step if resume_from is not None else -1  # the checkpoint's step is evaluated and saved
+        self.checkpoints.last_written = done if resume_from is not None else None
         return _Loop(eval_every=eval_every, save_every=cfg.save_every or eval_every, last_eval_step=done,
-                     last_save_step=done, rng_at_step_start=capture_rng())
+                     rng_at_step_start=capture_rng())
 
     def _seed(self, resume_from: Optional[Path]) -> None:
         """Each rank's random stream: restored from the checkpoint, else seeded per rank."""
@@ -638,7 +417,9 @@ class Trainer:
             sync = j == len(micro) - 1
             ctx = self.acc.no_sync(self.model) if not sync and self.world > 1 else contextlib.nullcontext()
             pad = isinstance(idx, Padding)  # zero weight, and out of the batch gathered across processes
-            with ctx, self.acc.autocast(), left_out(pad):
+            if pad:
+                batch[LEFT_OUT] = True
+            with ctx, self.acc.autocast():
                 out = self.objective(self.model, batch)
             self.acc.backward(out["loss"] * 0.0 if pad else out["loss"] / n_real)
             for k in ("loss", *self.objective.parts):
@@ -694,7 +475,6 @@ class Trainer:
         if do_save or st.stopped_early:
             st.train_seconds += self._sync_losses(loop)  # never checkpoint weights after a NaN
             self.save_checkpoint()
-            loop.last_save_step = st.step
 
     def _agree_stop(self) -> None:
         """Stop after this step when any rank was asked to (every rank stops after the same step)."""
@@ -706,7 +486,7 @@ class Trainer:
         self._sync_losses(loop)
         if self.state.step != loop.last_eval_step:
             self._evaluate_step(progress)
-        if self.state.step != loop.last_save_step:
+        if self.checkpoints.written(self.state.step) is None:
             self.save_checkpoint()
 
     def _finish(self) -> TrainResult:

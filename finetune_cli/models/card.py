@@ -16,6 +16,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
+from finetune_cli.checkpoint import checkpoint_step
+
 EMBEDDED_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 _TMP = re.compile(r"^\.(.+)\.[^.]+\.tmp$")  # fsutil.atomic_dir's temporary sibling of `<name>`
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$|^[A-Za-z0-9][\w.-]*$")
@@ -103,7 +105,7 @@ def card_data(out: Path, model, info: dict[str, Any]):
     tags += ["peft", "lora"] if m.get("lora") else []
     p = Path(display_path(out))  # `runs/sst2/best` is `sst2-best`
     return ModelCardData(
-        model_name=f"{p.parent.name}-{p.name}" if p.name in ("best", "final") or p.name.startswith("checkpoint-")
+        model_name=f"{p.parent.name}-{p.name}" if p.name in ("best", "final") or checkpoint_step(p) >= 0
         else p.name,
         base_model=hub_base_model(str(m.get("name", ""))),
         library_name="peft" if m.get("lora") else {"embedding": "sentence-transformers", "native": "transformers"

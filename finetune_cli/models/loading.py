@@ -21,6 +21,7 @@ from typing import Optional
 from safetensors.torch import load_file, save_file
 
 from finetune_cli import rundir
+from finetune_cli.checkpoint import run_model_dir
 from finetune_cli.errors import ModelError, RecipeError, error_text
 from finetune_cli.models.text_model import HeadSpec, TextModel
 
@@ -53,7 +54,7 @@ def resolve_model(name: str) -> tuple[str, bool]:
     p = Path(name).expanduser()
     if p.is_dir():
         if rundir.RunDir(p).is_run():
-            found = rundir.RunDir(p).model_dir()
+            found = run_model_dir(rundir.RunDir(p))
             if found is not None:
                 return str(found), True
             raise ModelError(f"run directory {p} holds no saved model yet (no best/, final/ or checkpoint-*/)")

@@ -8,31 +8,27 @@ get if one process had computed the loss on the concatenated batch (scaled by th
 each process computes the same global loss and DDP then averages the gradients).
 
 A process training on a padding batch (``data.sampling.Padding``: repeated examples that only keep
-the processes in step) still takes part in every gather, but with no rows (:func:`left_out`): a
-repeated example never acts as a positive or a negative of the others.
+the processes in step) still takes part in every gather, but with no rows: the trainer marks such a
+batch (``batch[LEFT_OUT]``) and an objective passes :func:`is_left_out` of its batch to the gathers,
+so a repeated example never acts as a positive or a negative of the others.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-_left_out = False
+# The batch key the trainer sets on a padding batch: this process adds no rows to the gathered
+# batches; it still gets the others' rows, so it computes the same global loss as they do.
+LEFT_OUT = "left_out"
 
 
-@contextlib.contextmanager
-def left_out(flag: bool = True) -> Iterator[None]:
-    """Within this block (``flag``) this process adds no rows to the gathered batches; it still
-    gets the others' rows, so it computes the same global loss as they do."""
-    global _left_out
-    before, _left_out = _left_out, flag
-    try:
-        yield
-    finally:
-        _left_out = before
+def is_left_out(batch: Mapping[str, Any]) -> bool:
+    """Whether ``batch`` is a padding batch whose rows stay out of every gather."""
+    return bool(batch.get(LEFT_OUT, False))
 
 
 def world() -> tuple[int, int]:
@@ -57,32 +53,33 @@ def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([x, pad], dim=0)
 
 
-def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+def gather_with_grad(x: torch.Tensor, left_out: bool = False) -> torch.Tensor:
     """Concatenate ``x`` from every process along dim 0 (rank order), keeping gradients.
 
     Single process: returns ``x`` unchanged. Processes may pass different first-dimension
     lengths (rows are padded for the collective and cut off again, so padding never reaches the
     loss). The backward sums, for each process's rows, the gradients every process computed for
     them; when every process computes the same global loss that is ``world`` times the
-    single-process gradient, which DDP's gradient average divides out again.
+    single-process gradient, which DDP's gradient average divides out again. ``left_out``: this
+    process adds no rows (a padding batch).
     """
     rank, size = world()
     if size == 1:
         return x
     from torch.distributed.nn.functional import all_gather
 
-    x = x[:0] if _left_out else x
+    x = x[:0] if left_out else x
     sizes = _sizes(x, size)
     parts = all_gather(_pad(x, max(sizes)))
     return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)], dim=0)
 
 
-def gather_no_grad(x: torch.Tensor) -> torch.Tensor:
+def gather_no_grad(x: torch.Tensor, left_out: bool = False) -> torch.Tensor:
     """Concatenate ``x`` (labels, ids) from every process, no gradient; lengths may differ."""
     rank, size = world()
     if size == 1:
         return x
-    x = x[:0] if _left_out else x
+    x = x[:0] if left_out else x
     sizes = _sizes(x, size)
     xp = _pad(x.detach(), max(sizes))
     out = [torch.empty_like(xp) for _ in range(size)]
@@ -90,11 +87,11 @@ def gather_no_grad(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([p[:n] for p, n in zip(out, sizes, strict=True)], dim=0)
 
 
-def own_rows(n: int, device: torch.device) -> tuple[int, int]:
+def own_rows(n: int, device: torch.device, left_out: bool = False) -> tuple[int, int]:
     """Where this process's ``n`` rows sit in the gathered batch: (first row, number of rows), the
-    number 0 when they are :func:`left_out`."""
+    number 0 when they are ``left_out``."""
     rank, size = world()
     if size == 1:
         return 0, n
-    sizes = _sizes(torch.empty((0 if _left_out else n,), device=device), size)
+    sizes = _sizes(torch.empty((0 if left_out else n,), device=device), size)
     return sum(sizes[:rank]), sizes[rank]

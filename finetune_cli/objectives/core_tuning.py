@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from finetune_cli.objectives._dist import gather_no_grad, gather_with_grad, own_rows
+from finetune_cli.objectives._dist import gather_no_grad, gather_with_grad, is_left_out, own_rows
 from finetune_cli.objectives.base import Objective, check_range
 from finetune_cli.objectives.registry import register
 from finetune_cli.objectives.scl import contrastive_log_probs
@@ -202,18 +202,19 @@ class CoreTuning(Objective):
         y_local = F.one_hot(labels, num_labels).float()
         # Mine over the global batch: this process mixes for its own anchors, whose rows sit at
         # `offset` in the gathered batch.
-        f_all = gather_with_grad(f_local)
-        labels_all = gather_no_grad(labels)
+        out_ = is_left_out(batch)
+        f_all = gather_with_grad(f_local, out_)
+        labels_all = gather_no_grad(labels, out_)
         y_all = F.one_hot(labels_all, num_labels).float()
-        offset, count = own_rows(len(labels), labels.device)  # count 0: a padding batch, left out
+        offset, count = own_rows(len(labels), labels.device, out_)  # count 0: a padding batch, left out
         anchors = torch.arange(offset, offset + count, device=labels.device)
         f_mix, y_mix = hardness_directed_mixup(f_all, y_all, labels_all, anchors, self.alpha, self.neg_min_weight)
         feats = torch.cat([f_local, f_mix])
         y = torch.cat([y_local, y_mix])
         ce = soft_cross_entropy(heads.classify(feats), y)
         g = F.normalize(heads.projection(feats).float(), dim=-1)
-        ids = contrast_labels(gather_no_grad(y), self.mixed_positives)
-        con = focal_contrastive_loss(gather_with_grad(g), ids, self.tau, self.gamma)
+        ids = contrast_labels(gather_no_grad(y, out_), self.mixed_positives)
+        con = focal_contrastive_loss(gather_with_grad(g, out_), ids, self.tau, self.gamma)
         loss = ce + self.eta * con
         return {"loss": loss, "ce": ce.detach(), "con": con.detach()}
 

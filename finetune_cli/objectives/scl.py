@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from finetune_cli.objectives._dist import gather_no_grad, gather_with_grad
+from finetune_cli.objectives._dist import gather_no_grad, gather_with_grad, is_left_out
 from finetune_cli.objectives.base import (
     Objective,
     check_range,
@@ -137,7 +137,8 @@ class SupervisedContrastive(Objective):
         out = model(f)
         ce = cross_entropy(out.logits, labels)
         z = F.normalize(out.embeddings.float(), dim=-1)
-        scl = supervised_contrastive_loss(gather_with_grad(z), gather_no_grad(labels), self.tau)
+        out_ = is_left_out(batch)
+        scl = supervised_contrastive_loss(gather_with_grad(z, out_), gather_no_grad(labels, out_), self.tau)
         loss = (1.0 - self.lam) * ce + self.lam * scl
         return {"loss": loss, "ce": ce.detach(), "scl": scl.detach()}
 

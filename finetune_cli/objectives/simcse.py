@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from finetune_cli.objectives._dist import gather_no_grad, gather_with_grad
+from finetune_cli.objectives._dist import gather_no_grad, gather_with_grad, is_left_out
 from finetune_cli.objectives.base import Objective, check_range, repeat_rows
 from finetune_cli.objectives.registry import register
 
@@ -116,10 +116,11 @@ class SimCSEUnsup(Objective):
         f = batch["features"][0]
         n = f["input_ids"].shape[0]
         z = _vec(model(repeat_rows(f, 2)))
-        z1, z2 = gather_with_grad(z[:n]), gather_with_grad(z[n:])
+        out_ = is_left_out(batch)
+        z1, z2 = gather_with_grad(z[:n], out_), gather_with_grad(z[n:], out_)
         mask = None
         if self.mask_duplicates:
-            k = gather_no_grad(text_keys(f))
+            k = gather_no_grad(text_keys(f), out_)
             mask, _ = duplicate_masks(k, k)
         return {"loss": simcse_loss(z1, z2, self.tau, mask=mask)}
 
@@ -167,10 +168,11 @@ class SimCSESup(Objective):
 
     def forward(self, model, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         feats = batch["features"]
-        zs = [gather_with_grad(_vec(model(f))) for f in feats]
+        out_ = is_left_out(batch)
+        zs = [gather_with_grad(_vec(model(f)), out_) for f in feats]
         hard = zs[2] if len(zs) > 2 else None
         mask = hard_mask = None
         if self.mask_duplicates:
-            keys = [gather_no_grad(text_keys(f)) for f in feats]
+            keys = [gather_no_grad(text_keys(f), out_) for f in feats]
             mask, hard_mask = duplicate_masks(keys[0], keys[1], keys[2] if len(keys) > 2 else None)
         return {"loss": simcse_loss(zs[0], zs[1], self.tau, hard, self.hard_neg_weight, mask, hard_mask)}

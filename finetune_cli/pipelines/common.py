@@ -4,7 +4,6 @@ a model card says about a run."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,9 +99,8 @@ def training_log(run_dir: Path, upto: int, current: Optional[dict] = None) -> li
     at ``upto`` itself (``current``: ``best/`` is written before its evaluation is logged)."""
     from finetune_cli.rundir import RunDir
 
-    f, rows, loss = RunDir(run_dir).metrics_file, [], None
-    for line in f.read_text(encoding="utf-8").splitlines() if f.is_file() else ():
-        rec = json.loads(line)
+    rows, loss = [], None
+    for rec in RunDir(run_dir).metrics.read():
         if rec.get("step", 0) > upto:
             break
         if "loss" in rec:

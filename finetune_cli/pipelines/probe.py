@@ -26,13 +26,12 @@ from typing import Any, Optional
 import numpy as np
 import yaml
 
+from finetune_cli.checkpoint import Checkpointer
 from finetune_cli.data.probe_tasks import Protocol, materialize_task
 from finetune_cli.data.tasks import data_dir_from_env
-from finetune_cli.engine.device import resolve_device
-from finetune_cli.engine.inference import file_features
+from finetune_cli.engine.inference import InferenceSession, open_session
 from finetune_cli.fsutil import atomic_write_json, atomic_write_text, check_writable_dir
 from finetune_cli.metrics.probe import linear_probe_accuracy, probe_summary
-from finetune_cli.models.loading import load_text_model
 from finetune_cli.models.text_model import HeadSpec
 from finetune_cli.pipelines.recipes import plan_for, validate_objective
 from finetune_cli.pipelines.train import run_train
@@ -62,24 +61,27 @@ def parse_variant(spec: str, where: str = "--objectives") -> ObjectiveConfig:
 # ---- probes and stages -------------------------------------------------------------------------
 
 def probe_encoder(model_name: str, tasks: dict[str, dict], r: ProbeRecipe, device: str = "auto") -> dict[str, float]:
-    """Freeze the encoder at ``model_name`` and probe every task in ``tasks`` (name -> meta)."""
-    model, tokenizer, _ = load_text_model(model_name, HeadSpec(pooling=r.model.pooling, num_labels=0))
-    return probe_model(model.to(resolve_device(device)), tokenizer, tasks, r)
+    """Freeze the encoder at ``model_name`` and probe every task in ``tasks`` (name -> meta). It runs
+    in the inference session, so on the device and in the precision (``train.precision``) the
+    stages train in."""
+    sess = open_session(model_name, device=device, precision=r.train.precision, max_length=r.model.max_length,
+                        length_key="model.max_length", heads=HeadSpec(pooling=r.model.pooling, num_labels=0))
+    return probe_model(sess, tasks, r)
 
 
-def probe_model(model, tokenizer, tasks: dict[str, dict], r: ProbeRecipe) -> dict[str, float]:
-    """Linear probes on ``model``'s pooled features; the encoder is only read (no_grad, eval mode)."""
+def probe_model(sess: InferenceSession, tasks: dict[str, dict], r: ProbeRecipe) -> dict[str, float]:
+    """Linear probes on the session model's pooled features; the encoder is only read (no_grad,
+    eval mode)."""
     from finetune_cli.engine.rng import seed_everything
 
-    model.eval()
-    for p in model.parameters():
+    for p in sess.model.parameters():
         p.requires_grad_(False)
     cc = r.probe.classifier
     out = {}
     for name, meta in tasks.items():
         d = Path(meta["dir"])
-        xtr, ytr = file_features(model, tokenizer, d / "train.jsonl", meta["pair"], r.model.max_length, cc.batch_size)
-        xev, yev = file_features(model, tokenizer, d / "eval.jsonl", meta["pair"], r.model.max_length, cc.batch_size)
+        xtr, ytr = sess.file_features(d / "train.jsonl", meta["pair"], cc.batch_size)
+        xev, yev = sess.file_features(d / "eval.jsonl", meta["pair"], cc.batch_size)
         n = r.probe.tasks[name].probe_train_samples
         if n and n < len(ytr):
             idx = np.sort(np.random.default_rng(r.train.seed).choice(len(ytr), size=n, replace=False))
@@ -142,7 +144,7 @@ def run_probe(r: ProbeRecipe, plan: Protocol, ui, *, variants: Optional[list[str
                 ui.log(f"[{label}] stage {i}: fine-tune on {task} from {prev}")
                 run_train(plan_for(sr), ui, device=device, data_dir=data_dir, overwrite=False)
                 if not r.probe.keep_checkpoints:  # the stage is complete: final/ is what the next stage reads
-                    run.prune(keep=0, protect=-1)
+                    Checkpointer(run).prune(keep=0, protect=-1)
                 atomic_write_json(pfile, probe_encoder(str(run.final), probed, r, device))
             rows.append(json.loads(pfile.read_text()))
             runs.append(str(run))

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from finetune_cli.checkpoint import run_model_dir
 from finetune_cli.errors import FinetuneError, ModelError, OutputError, error_text
 from finetune_cli.models.card import hub_base_model
 from finetune_cli.rundir import RunDir, holds_model
@@ -33,7 +34,7 @@ def model_folder(model: str) -> Path:
     p = Path(model).expanduser()
     if not p.is_dir():
         raise ModelError(f"{model} is not a run directory or a model folder")
-    folder = RunDir(p).model_dir() if RunDir(p).is_run() else p
+    folder = run_model_dir(RunDir(p)) if RunDir(p).is_run() else p
     if folder is None or not holds_model(folder):
         raise ModelError(f"{model} holds no saved model (no best/, final/ or checkpoint-*/ with a config.json)")
     if not (folder / "README.md").is_file():

@@ -16,20 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from finetune_cli.checkpoint import Checkpointer
 from finetune_cli.data import TaskData
 from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine import Interrupted, Trainer
-from finetune_cli.engine.checkpoint_io import states_problem
 from finetune_cli.engine.device import resolve_device, resolve_precision
 from finetune_cli.engine.distributed import Processes, init_distributed, refuse_sharding
 from finetune_cli.engine.inference import pad_id
 from finetune_cli.engine.rng import seed_everything
-from finetune_cli.errors import RunDirError, TrainingError
+from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
 from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
 from finetune_cli.pipelines.common import EVALUATORS, encode, load_data, model_card_info
 from finetune_cli.pipelines.recipes import Plan, validate_recipe
-from finetune_cli.rundir import CHECKPOINT_MODEL, RunDir, RunLock, checkpoint_problem, same_run
+from finetune_cli.rundir import RunDir, RunLock, same_run
 from finetune_cli.viz.curves import write_curves
 
 
@@ -58,8 +58,8 @@ def run_train(plan: Plan, ui, *, device: str = "auto", data_dir: Optional[str] =
         if summary is not None and resume is None:
             ui.log(f"run {run} is already complete (summary.json); pass --overwrite to train again")
             return TrainOutcome(run.path, summary, already_complete=True)
-        trainer, data, ck = _setup(plan, run, ui, procs, device=device, data_dir=data_dir_from_env(data_dir),
-                                   resume=resume, callbacks=callbacks)
+        trainer, data, ck = _setup(plan, run, ui, procs, data_dir=data_dir_from_env(data_dir), resume=resume,
+                                   callbacks=callbacks)
         result = _train(trainer, ck)
         return TrainOutcome(run.path, _finish(plan, run, trainer, data, result, procs, ui), resumed_from=ck)
     finally:
@@ -82,16 +82,17 @@ def _claim_output(run: RunDir, plan: Plan, overwrite: bool) -> None:
     run.claim(plan.recipe, overwrite, normalise=validate_recipe)
 
 
-def _setup(plan: Plan, run: RunDir, ui, procs: Processes, *, device: str, data_dir: Optional[Path],
-           resume: Optional[str], callbacks: Sequence[Callable]) -> tuple[Trainer, TaskData, Optional[Path]]:
+def _setup(plan: Plan, run: RunDir, ui, procs: Processes, *, data_dir: Optional[Path], resume: Optional[str],
+           callbacks: Sequence[Callable]) -> tuple[Trainer, TaskData, Optional[Path]]:
     data = _setup_data(plan, data_dir, ui)
-    ck = _resume_point(plan, run, resume, ui)
+    ck = Checkpointer(run).resume_point(resume, ui.warn, lambda ck_run, where: same_run(
+        where, validate_recipe(ck_run.read_recipe()), plan.recipe,
+        "resume a checkpoint of this recipe, or train without --resume"))
     run.path.mkdir(parents=True, exist_ok=True)
     if procs.is_main:
         atomic_write_text(run.recipe_file, plan.recipe.to_yaml())
     model, tokenizer = _setup_model(plan, ck, data, ui)
-    trainer = _setup_trainer(plan, run, data, model, tokenizer, ui, device=device, data_dir=data_dir,
-                             callbacks=callbacks)
+    trainer = _setup_trainer(plan, run, data, model, tokenizer, ui, procs, data_dir=data_dir, callbacks=callbacks)
     return trainer, data, ck
 
 
@@ -108,25 +109,12 @@ def _setup_data(plan: Plan, data_dir: Optional[Path], ui) -> TaskData:
     return data
 
 
-def _resume_point(plan: Plan, run: RunDir, resume: Optional[str], ui) -> Optional[Path]:
-    """``--resume``'s checkpoint (checked, and of this job), else the run's newest intact one."""
-    if not resume:
-        return run.intact_checkpoint(ui.warn, verify=states_problem)
-    ck = Path(resume)
-    why = checkpoint_problem(ck, states_problem) if ck.is_dir() else "not a directory"
-    if why is not None:
-        raise RunDirError(f"--resume {resume}: not a usable checkpoint ({why})")
-    same_run(f"--resume {resume}: checkpoint", validate_recipe(RunDir(ck).read_recipe()), plan.recipe,
-             "resume a checkpoint of this recipe, or train without --resume")
-    return ck
-
-
 def _setup_model(plan: Plan, ck: Optional[Path], data: TaskData, ui):
     """From the checkpoint when resuming, else ``model.name`` with fresh heads (seeded, so that a
     seed fully determines a run)."""
     m = plan.recipe.model
     if ck is not None:
-        model, tokenizer, _ = load_text_model(str(ck / CHECKPOINT_MODEL))
+        model, tokenizer, _ = load_text_model(str(Checkpointer.model(ck)))
         ui.log(f"resuming from {ck}")
     else:
         model, tokenizer = build_text_model(
@@ -137,7 +125,7 @@ def _setup_model(plan: Plan, ck: Optional[Path], data: TaskData, ui):
     return model, tokenizer
 
 
-def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui, *, device: str,
+def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui, procs: Processes, *,
                    data_dir: Optional[Path], callbacks: Sequence[Callable]) -> Trainer:
     recipe = plan.recipe
     pid = pad_id(tokenizer)
@@ -153,9 +141,9 @@ def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui
         save_text_model(m, tokenizer, out, id2label=data.id2label or None, extra=meta,
                         max_length=recipe.model.max_length, card=model_card_info(plan, data, st))
 
-    holder["trainer"] = Trainer(model, plan.build_objective(), train_enc, recipe.train, run.path, pad_id=pid,
-                                save_model=save_model, evaluate=eval_fn, ui=ui, recipe_yaml=recipe.to_yaml(),
-                                device=device, sampler=plan.sampler, callbacks=callbacks)
+    holder["trainer"] = Trainer(model, plan.build_objective(), train_enc, recipe, run, procs, pad_id=pid,
+                                save_model=save_model, evaluate=eval_fn, ui=ui, sampler=plan.sampler,
+                                callbacks=callbacks)
     return holder["trainer"]
 
 

@@ -13,7 +13,6 @@ colour, the recipe's mean over seeds bold (on the steps every seed logged).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,11 +25,6 @@ NOT_CURVES = frozenset({"step", "epoch", "lr", "samples_per_s", "gpu_mem_gb", "g
 EVAL_PREFIX = "eval/"
 
 Series = tuple[list[int], list[float]]
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` (blank lines skipped)."""
-    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
 
 
 def curve_series(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Series]]:
@@ -161,9 +155,9 @@ def write_curves(run, ui) -> Path | None:
     warning through ``ui``, without matplotlib."""
     from finetune_cli.viz._mpl import available
 
-    if not run.metrics_file.is_file():
+    if not run.metrics.exists():
         return None
     if not available():
         ui.warn("figures/curves.png skipped: matplotlib is not installed (pip install 'finetune-cli[plots]')")
         return None
-    return plot_curves(curve_series(read_metrics(run.metrics_file)), run.curves, title=str(run))
+    return plot_curves(curve_series(run.metrics.read()), run.curves, title=str(run))

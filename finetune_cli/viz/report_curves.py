@@ -10,20 +10,20 @@ from pathlib import Path
 from typing import Any
 
 from finetune_cli.errors import DataError
-from finetune_cli.rundir import METRICS
+from finetune_cli.rundir import RunDir
 
 
 def report_curves(rep, path: Path) -> tuple[Path, dict[str, Any]]:
     """Draw the curves of the runs of ``rep`` (a ``Report``); returns the PNG and the data drawn."""
     from finetune_cli.viz._mpl import pyplot, save
-    from finetune_cli.viz.curves import draw_multi_run, multi_run_series, read_metrics
+    from finetune_cli.viz.curves import draw_multi_run, multi_run_series
 
     groups: dict[str, list] = {}
     for r in rep.runs:
-        f = Path(r.path) / METRICS
-        if not f.is_file():
-            raise DataError(f"--curves: run {r.path} has no metrics.jsonl")
-        groups.setdefault(r.group, []).append(read_metrics(f))
+        log = RunDir(r.path).metrics
+        if not log.exists():
+            raise DataError(f"--curves: run {r.path} has no {log.path.name}")
+        groups.setdefault(r.group, []).append(log.read())
     data = multi_run_series(groups)
     pyplot()  # one-line error when matplotlib is missing
     return save(draw_multi_run(data, title=f"{len(rep.runs)} runs · {rep.task}"), Path(path)), data

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from finetune_cli.engine.checkpoint_io import load_state, save_state
+from finetune_cli.checkpoint import load_state, save_state
 from finetune_cli.engine.rng import capture_rng, restore_rng
 from finetune_cli.errors import CorruptCheckpointError
 

@@ -8,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from finetune_cli.cli.main import app
-from finetune_cli.viz.curves import curve_series, mean_curve, multi_run_series, read_metrics
+from finetune_cli.rundir import RunDir
+from finetune_cli.viz.curves import curve_series, mean_curve, multi_run_series
 
 RECORDS = [
     {"step": 2, "epoch": 0.25, "lr": 1e-3, "loss": 0.9, "ce": 0.5, "scl": 0.4, "samples_per_s": 10.0},
@@ -62,7 +63,7 @@ def test_every_run_writes_curves_png_from_its_metrics(tiny_recipe):
     out = run_train(load_plan(None, tiny_recipe("train.eval_every=4")), UI(quiet=True), device="cpu")
     png = out.run_dir / "figures" / "curves.png"
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    s = curve_series(read_metrics(out.run_dir / "metrics.jsonl"))
+    s = curve_series(RunDir(out.run_dir).metrics.read())
     assert s["loss"]["train"][0] == [2, 4, 6, 8]  # log_every=2, 8 steps
     assert s["accuracy"]["eval"][0] == [4, 8]
     assert {"loss", "ce", "accuracy", "f1_macro", "mcc"} <= set(s)

@@ -27,12 +27,12 @@ def _data(sizes):
     return emb, labels
 
 
-def _scl_on(emb, labels):
+def _scl_on(emb, labels, left_out=False):
     from finetune_cli.objectives._dist import gather_no_grad, gather_with_grad
     from finetune_cli.objectives.scl import supervised_contrastive_loss
 
     z = F.normalize(emb, dim=-1)
-    return supervised_contrastive_loss(gather_with_grad(z), gather_no_grad(labels), 0.3)
+    return supervised_contrastive_loss(gather_with_grad(z, left_out), gather_no_grad(labels, left_out), 0.3)
 
 
 def _worker(rank, store, out, sizes):
@@ -88,7 +88,7 @@ class _StubModel(torch.nn.Module):
 def _core_worker(rank, store, out, sizes, padding_rank=None):
     """Core-tuning on this rank's slice; the rank ``padding_rank`` trains on a padding batch."""
     from finetune_cli.objectives import build
-    from finetune_cli.objectives._dist import left_out
+    from finetune_cli.objectives._dist import LEFT_OUT
 
     with process_group(rank, store):
         emb, labels = _data(sizes)
@@ -96,8 +96,8 @@ def _core_worker(rank, store, out, sizes, padding_rank=None):
         sl = slice(start, start + sizes[rank])
         model = _StubModel().double()
         torch.manual_seed(100 + rank)  # processes draw different mixing weights, as in training
-        with left_out(rank == padding_rank):
-            res = build("core_tuning", {"eta": 1.0})(model, {"features": [{"x": emb[sl]}], "labels": labels[sl]})
+        batch = {"features": [{"x": emb[sl]}], "labels": labels[sl], LEFT_OUT: rank == padding_rank}
+        res = build("core_tuning", {"eta": 1.0})(model, batch)
         res["loss"].backward()
         save(rank, out, {"con": res["con"], "grad": model.w.weight.grad})
 
@@ -112,20 +112,17 @@ def test_core_tuning_runs_on_two_processes_with_one_global_contrastive_term(tmp_
 
 
 def _left_out_worker(rank, store, out, sizes):
-    from finetune_cli.objectives._dist import left_out
-
     with process_group(rank, store):
         emb, labels = _data(sizes)
         start = sum(sizes[:rank])
         local = emb[start:start + sizes[rank]].clone().requires_grad_(True)
-        with left_out(rank == 1):  # rank 1 trains on a padding batch
-            loss = _scl_on(local, labels[start:start + sizes[rank]])
+        loss = _scl_on(local, labels[start:start + sizes[rank]], left_out=rank == 1)  # rank 1: a padding batch
         loss.backward()
         save(rank, out, {"loss": loss.detach(), "grad": local.grad})
 
 
 def test_a_padding_batch_is_left_out_of_the_gathered_batch(tmp_path):
-    """A process on a padding batch (``left_out``) adds no rows to the gather: both processes compute
+    """A process on a padding batch (``left_out``, from ``batch[LEFT_OUT]``) adds no rows to the gather: both processes compute
     the loss of rank 0's rows alone, as one process does on them; the padding rows get no gradient
     (they are neither positives nor negatives)."""
     sizes = (5, 4)

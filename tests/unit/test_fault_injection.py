@@ -179,11 +179,12 @@ def test_crash_before_the_first_checkpoint_restarts_the_log(runs, tmp_path):
 def test_full_disk_mid_checkpoint_keeps_the_previous_one(runs, tmp_path, monkeypatch, fail_at):
     """The disk fills while checkpoint-4 is written: one line naming the disk and the file, no
     partial checkpoint, checkpoint-3 kept; after space is freed the rerun resumes and ends the same."""
+    import finetune_cli.checkpoint as ckpt
     import finetune_cli.engine.trainer as tr
 
     recipe = runs["recipe"](tmp_path)
     full = OSError(errno.ENOSPC, "No space left on device")
-    real_save, real_write_text = tr.save_state, Path.write_text
+    real_save, real_write_text = ckpt.save_state, Path.write_text
 
     def in_ck4(p) -> bool:
         return ".checkpoint-4." in str(p)
@@ -200,7 +201,7 @@ def test_full_disk_mid_checkpoint_keeps_the_previous_one(runs, tmp_path, monkeyp
             raise full
         return real_write_text(self, *a, **k)
 
-    monkeypatch.setattr(tr, "save_state", save)
+    monkeypatch.setattr(ckpt, "save_state", save)
     monkeypatch.setattr(Path, "write_text", write_text)
     if fail_at == "model":
         real_init = tr.Trainer.__init__

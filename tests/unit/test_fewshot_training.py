@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from finetune_cli.engine.trainer import eval_interval
+from finetune_cli.engine.setup import eval_interval
 from finetune_cli.pipelines.recipes import load_plan
 from finetune_cli.pipelines.train import run_train
 from finetune_cli.recipe import TrainConfig
@@ -100,7 +100,7 @@ def test_max_steps_decides_alone(tiny_recipe):
 
 @pytest.mark.parametrize("head", ["native", "pooled"])
 def test_freeze_encoder_freezes_exactly_the_encoder(tiny_model_dir, head):
-    from finetune_cli.engine.trainer import freeze_encoder, set_train_mode
+    from finetune_cli.engine.setup import freeze_encoder, set_train_mode
     from finetune_cli.models.loading import load_text_model
     from finetune_cli.models.text_model import HeadSpec
 

@@ -89,7 +89,7 @@ def test_precision_rule_refusals_name_the_option(spec, words):
 
 
 def test_training_takes_the_same_rule():
-    from finetune_cli.engine.trainer import make_accelerator
+    from finetune_cli.engine.setup import make_accelerator
 
     assert make_accelerator(torch.device("cpu"), "auto").mixed_precision == "no"
     with pytest.raises(TrainingError, match=r"^train\.precision fp16 needs a GPU") as e:

@@ -157,7 +157,7 @@ def test_ce_end_to_end_prints_and_writes_once(ce_run):
 
 
 def test_each_rank_has_its_own_random_stream_in_every_checkpoint(ce_run):
-    from finetune_cli.engine.checkpoint_io import load_state
+    from finetune_cli.checkpoint import load_state
 
     run, _, _ = ce_run
     for ck in ("checkpoint-4", "checkpoint-6"):

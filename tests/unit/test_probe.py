@@ -114,14 +114,15 @@ def test_seeded_split_is_disjoint_and_reproducible(recipe_file, tmp_path):
 # ---- the probe and the stages -----------------------------------------------------------------
 
 def test_probe_never_changes_encoder_weights(recipe_file, tiny_model_dir, tmp_path):
-    from finetune_cli.models.loading import load_text_model
+    from finetune_cli.engine.inference import open_session
     from finetune_cli.models.text_model import HeadSpec
 
     r = load_probe_recipe(recipe_file)
     meta = materialize_task("a", r.probe.tasks["a"], tmp_path / "a", 3, None)
-    model, tok, _ = load_text_model(str(tiny_model_dir), HeadSpec(pooling="mean", num_labels=0))
+    sess = open_session(str(tiny_model_dir), device="cpu", heads=HeadSpec(pooling="mean", num_labels=0))
+    model = sess.model
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    acc = P.probe_model(model, tok, {"a": {**meta, "dir": str(tmp_path / "a")}}, r)
+    acc = P.probe_model(sess, {"a": {**meta, "dir": str(tmp_path / "a")}}, r)
     assert 0.0 <= acc["a"] <= 1.0
     after = model.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)

@@ -71,7 +71,7 @@ def test_schedule_and_optimizer_through_the_cli_and_exact_resume(tiny_recipe, tm
 def test_defaults_are_fused_adamw_with_linear_warmup_ratio():
     """Unchanged defaults: fused AdamW on the CPU and transformers' linear schedule with
     ``warmup_ratio`` (6 % of 100 steps = 6 warm-up steps)."""
-    from finetune_cli.engine.trainer import build_optimizer, build_scheduler
+    from finetune_cli.engine.setup import build_optimizer, build_scheduler
     from finetune_cli.recipe import TrainConfig
 
     cfg = TrainConfig()
