@@ -84,10 +84,12 @@ class PeerLostError(FinetuneError):
     exit_code = 6
 
 
-def error_text(err: BaseException, limit: int | None = None) -> str:
-    """The message of ``err`` on one line (whitespace, newlines included, collapsed), cut at ``limit``
-    characters when given: the reason part of the one-line errors above."""
-    return " ".join(str(err).split())[:limit]
+def error_text(err: BaseException | str, limit: int | None = None) -> str:
+    """The message of ``err`` (an exception or a text) on one line (whitespace, newlines included,
+    collapsed), cut at ``limit`` characters when given (its last one then ``…``): the reason part of
+    the one-line errors above, and the error line itself."""
+    s = " ".join(str(err).split())
+    return s if not limit or len(s) <= limit else s[: limit - 1] + "…"
 
 
 def did_you_mean(word: str, options: Iterable[str], cutoff: float = 0.6) -> str:

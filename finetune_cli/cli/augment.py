@@ -7,15 +7,16 @@ from typing import Annotated, Optional
 import typer
 
 from finetune_cli.augment import DEFAULT_BACKWARD, DEFAULT_FORWARD
-from finetune_cli.cli.common import DeviceOpt, JsonOpt, QuietOpt, emit_json, handle_errors
+from finetune_cli.cli.common import DeviceOpt, JsonOpt, QuietOpt, View, command
 from finetune_cli.ui import UI
 
 BT = "Back-translation"
 ED = "Edits (no model)"
 
 
-@handle_errors
+@command
 def augment(  # long: one parameter per command-line option (Typer)
+    ui: UI,
     input: Annotated[str, typer.Option("--input", "-i", help="Data file (tsv, csv, jsonl, json, parquet, txt).")],
     output: Annotated[str, typer.Option("--output", "-o", help="File to write; its extension picks the format.")],
     column: Annotated[Optional[list[str]], typer.Option(
@@ -77,12 +78,8 @@ def augment(  # long: one parameter per command-line option (Typer)
         edits=EditSpec(delete_one=delete_one_word, delete_prob=delete_words, swap_prob=swap_words),
         num_return=num_return, seed=seed, keep_originals=keep_originals, batch_size=batch_size,
         chunk_size=chunk_size, device=device)
-    ui = UI(quiet=quiet)
     res = run_augment(cfg, ui, overwrite=overwrite)
-    if json_out:
-        emit_json(res.to_dict())
-        return
-    _render(res, ui)
+    return View(res.to_dict(), lambda ui: _render(res, ui))
 
 
 def _render(res, ui: UI) -> None:

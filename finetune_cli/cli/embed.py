@@ -12,14 +12,15 @@ from finetune_cli.cli.common import (
     ModelArg,
     PrecisionOpt,
     QuietOpt,
-    emit_json,
-    handle_errors,
+    View,
+    command,
 )
 from finetune_cli.ui import UI
 
 
-@handle_errors
+@command
 def embed_cmd(
+    ui: UI,
     model: ModelArg,
     input: Annotated[str, typer.Argument(help="Sentences: a .txt file (one per line) or a csv/tsv/jsonl/parquet file.")],
     output: Annotated[str, typer.Option("--output", "-o", help="Output .npy (+ .ids.npy with row ids) or .parquet.")],
@@ -36,10 +37,7 @@ def embed_cmd(
     folder is embedded as ``SentenceTransformer(folder).encode`` does."""
     from finetune_cli.pipelines.embed import run_embed
 
-    ui = UI(quiet=quiet)
     res = run_embed(model, input, output, ui, column=column, batch_size=batch_size, max_length=max_length,
                     normalize=normalize, device=device, precision=precision)
-    if json_out:
-        emit_json(res.to_dict())
-    else:
-        ui.print(f"wrote {res.output} ({res.sentences} x {res.dim})" + (f" and {res.ids_file}" if res.ids_file else ""))
+    return View(res.to_dict(), lambda ui: ui.print(
+        f"wrote {res.output} ({res.sentences} x {res.dim})" + (f" and {res.ids_file}" if res.ids_file else "")))

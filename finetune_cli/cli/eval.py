@@ -16,14 +16,15 @@ from finetune_cli.cli.common import (
     Overrides,
     PrecisionOpt,
     QuietOpt,
-    emit_json,
-    handle_errors,
+    View,
+    command,
 )
 from finetune_cli.ui import UI
 
 
-@handle_errors
+@command
 def eval_cmd(
+    ui: UI,
     model: ModelArg,
     overrides: Overrides = None,
     recipe: Annotated[Optional[str], typer.Option(
@@ -44,31 +45,28 @@ def eval_cmd(
     """Evaluate a model. Classification: accuracy, macro-F1, MCC, per-class scores, confusion matrix,
     calibration (ECE/MCE) and reliability / t-SNE figures. Embedding model: Spearman/Pearson of cosines
     against gold pair scores, alignment and uniformity."""
-    from finetune_cli.metrics.gates import enforce, parse_expectations
     from finetune_cli.metrics.names import CALIBRATION_METRICS
     from finetune_cli.pipelines.evaluate import eval_plan, run_eval
 
-    gates = parse_expectations(expect or [])
     plan = eval_plan(model, recipe, overrides or [])
-    ui = UI(quiet=quiet)
     from finetune_cli.pipelines.similarity import run_eval_similarity, wants_similarity
 
     if wants_similarity(model, plan):  # embedding model: STS metrics
-        res = run_eval_similarity(model, plan, ui, device=device, precision=precision, data_dir=data_dir,
+        sim = run_eval_similarity(model, plan, ui, device=device, precision=precision, data_dir=data_dir,
                                   batch_size=batch_size)
-        _render_similarity(res, ui, json_out)
-        enforce(gates, res.metrics, ui)
-        return
+        return View(sim.to_dict(), lambda ui: ui.print(_metrics_table(sim)), gated=lambda: sim.metrics)
     # The run's own evaluation is eval.json (what `report` reads); other data gets its own file.
     name = "eval" if recipe is None or out is not None else f"eval-{Path(recipe).stem}"
     res = run_eval(model, plan, ui, device=device, precision=precision, data_dir=data_dir, batch_size=batch_size,
                    bins=bins, figures=not no_figures, out=out, tsne_max=tsne_max, name=name)
     gated = {**res.metrics, **{k: res.calibration[k] for k in CALIBRATION_METRICS
                                if res.calibration and res.calibration.get(k) is not None}}
-    if json_out:
-        emit_json(res.to_dict())
-        enforce(gates, gated, ui)
-        return
+    return View(res.to_dict(), lambda ui: _render(res, ui), gated=lambda: gated)
+
+
+def _render(res, ui: UI) -> None:
+    from finetune_cli.metrics.names import CALIBRATION_METRICS
+
     t = _metrics_table(res)
     if res.calibration is not None:
         for k in CALIBRATION_METRICS:
@@ -79,7 +77,6 @@ def eval_cmd(
         from finetune_cli.cli.eval_render import render_classification
 
         render_classification(ui, res)
-    enforce(gates, gated, ui)
 
 
 def _metrics_table(res):
@@ -92,10 +89,3 @@ def _metrics_table(res):
     for k, v in res.metrics.items():
         t.add_row(k, f"{v:.4f}")
     return t
-
-
-def _render_similarity(res, ui: UI, json_out: bool) -> None:
-    if json_out:
-        emit_json(res.to_dict())
-        return
-    ui.print(_metrics_table(res))

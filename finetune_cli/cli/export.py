@@ -6,12 +6,13 @@ from typing import Annotated
 
 import typer
 
-from finetune_cli.cli.common import JsonOpt, QuietOpt, emit_json, handle_errors
+from finetune_cli.cli.common import JsonOpt, QuietOpt, View, command
 from finetune_cli.ui import UI
 
 
-@handle_errors
+@command
 def export_cmd(
+    ui: UI,
     model: Annotated[str, typer.Argument(help="Run directory or saved model folder (a LoRA adapter folder too).")],
     output: Annotated[str, typer.Option("--output", "-o", help="Folder to write.")],
     format: Annotated[str, typer.Option("--format", "-f", help="transformers (with --merge) or onnx.")] = "transformers",
@@ -26,9 +27,5 @@ def export_cmd(
     `finetune predict`, `eval` and `embed` run in onnxruntime."""
     from finetune_cli.pipelines.export import run_export
 
-    ui = UI(quiet=quiet)
     res = run_export(model, output, ui, fmt=format, merge=merge, overwrite=overwrite)
-    if json_out:
-        emit_json(res.to_dict())
-    else:
-        ui.print(f"wrote {res.output} ({res.format}: {', '.join(res.outputs)})")
+    return View(res.to_dict(), lambda ui: ui.print(f"wrote {res.output} ({res.format}: {', '.join(res.outputs)})"))

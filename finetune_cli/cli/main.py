@@ -13,7 +13,7 @@ import typer
 from finetune_cli import __version__
 from finetune_cli.cli import probe, recipes
 from finetune_cli.cli.augment import augment
-from finetune_cli.cli.common import one_line, set_debug
+from finetune_cli.cli.common import set_debug
 from finetune_cli.cli.embed import embed_cmd
 from finetune_cli.cli.eval import eval_cmd
 from finetune_cli.cli.export import export_cmd
@@ -23,7 +23,7 @@ from finetune_cli.cli.push import push_cmd
 from finetune_cli.cli.report import report_cmd
 from finetune_cli.cli.sweep import sweep_cmd
 from finetune_cli.cli.train import train
-from finetune_cli.errors import EXIT_CODES
+from finetune_cli.errors import EXIT_CODES, error_text
 
 EPILOG = "Exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()) + "."
 
@@ -65,7 +65,7 @@ def _usage_error(e: typer.TyperException) -> NoReturn:
     ctx = getattr(e, "ctx", None)
     where = f"{ctx.command_path}: " if ctx is not None else ""
     hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-    typer.echo(f"error: {where}{one_line(e.format_message())}{hint}", err=True)
+    typer.echo(f"error: {where}{error_text(e.format_message())}{hint}", err=True)
     sys.exit(e.exit_code)
 
 

@@ -6,12 +6,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from finetune_cli.cli.common import DeviceOpt, JsonOpt, PrecisionOpt, QuietOpt, emit_json, handle_errors
+from finetune_cli.cli.common import DeviceOpt, JsonOpt, PrecisionOpt, QuietOpt, View, command
 from finetune_cli.ui import UI
 
 
-@handle_errors
+@command
 def predict_cmd(
+    ui: UI,
     model: Annotated[str, typer.Argument(help="Run directory, saved model folder, any transformers "
                                               "*ForSequenceClassification folder, or hub id.")],
     input: Annotated[str, typer.Option("--input", "-i", help="Rows to classify: .csv, .tsv, .jsonl, .json or .parquet.")],
@@ -30,11 +31,8 @@ def predict_cmd(
     regression, the label set for multi-label), with all input columns carried through."""
     from finetune_cli.pipelines.predict import run_predict
 
-    ui = UI(quiet=quiet)
     res = run_predict(model, input, output, ui, column=column, pair_column=pair_column, batch_size=batch_size,
                       max_length=max_length, device=device, precision=precision)
-    if json_out:
-        emit_json(res.to_dict())
-    else:
-        counts = ", ".join(f"{k} {v}" for k, v in sorted(res.predicted.items()))
-        ui.print(f"wrote {res.output} ({res.rows} rows, {res.problem_type})" + (f": {counts}" if counts else ""))
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(res.predicted.items()))
+    return View(res.to_dict(), lambda ui: ui.print(
+        f"wrote {res.output} ({res.rows} rows, {res.problem_type})" + (f": {counts}" if counts else "")))

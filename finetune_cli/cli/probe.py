@@ -13,8 +13,8 @@ from finetune_cli.cli.common import (
     Overrides,
     QuietOpt,
     RecipeOpt,
-    emit_json,
-    handle_errors,
+    View,
+    command,
 )
 from finetune_cli.cli.literal_help import LiteralHelpCommand, LiteralHelpGroup
 from finetune_cli.ui import UI
@@ -33,7 +33,7 @@ def _split(s: Optional[str]) -> Optional[list[str]]:
     return [x.strip() for x in s.split(",") if x.strip()] if s else None
 
 
-def _run(mode: str, recipe: str, overrides, objectives, device, data_dir, overwrite, json_out, quiet, **plan_kw):
+def _run(ui: UI, mode: str, recipe: str, overrides, objectives, device, data_dir, overwrite, **plan_kw) -> View:
     from pathlib import Path
 
     from finetune_cli.cli.probe_render import markdown_table
@@ -44,13 +44,13 @@ def _run(mode: str, recipe: str, overrides, objectives, device, data_dir, overwr
 
     r = load_probe_recipe(recipe, overrides or [])
     plan = make_protocol(r, mode, **plan_kw)
-    ui = UI(quiet=quiet or json_out)
     res = run_probe(r, plan, ui, variants=_split(objectives), device=device, data_dir=data_dir, overwrite=overwrite)
     md = markdown_table(res)
     atomic_write_text(Path(res["out_dir"]) / "results.md", md)
-    if json_out:
-        emit_json(res)
-        return
+    return View(res, lambda ui: _render(mode, res, md, ui))
+
+
+def _render(mode: str, res: dict, md: str, ui: UI) -> None:
     from rich.table import Table
 
     t = Table(title=f"probe {mode}: linear-probe accuracy ({res['out_dir']})")
@@ -67,32 +67,32 @@ def _run(mode: str, recipe: str, overrides, objectives, device, data_dir, overwr
 
 
 @app.command("sequential", cls=LiteralHelpCommand)
-@handle_errors
-def sequential(recipe: RecipeOpt, overrides: Overrides = None, tasks: TasksOpt = None,
+@command
+def sequential(ui: UI, recipe: RecipeOpt, overrides: Overrides = None, tasks: TasksOpt = None,
                objectives: ObjectivesOpt = None, device: DeviceOpt = "auto", data_dir: DataDirOpt = None,
-               overwrite: OverwriteOpt = False, json_out: JsonOpt = False, quiet: QuietOpt = False) -> None:
+               overwrite: OverwriteOpt = False, json_out: JsonOpt = False, quiet: QuietOpt = False) -> View:
     """Fine-tune on tasks in order; probe every task after every stage: finetune probe sequential -r probe_sequential"""
-    _run("sequential", recipe, overrides, objectives, device, data_dir, overwrite, json_out, quiet, tasks=_split(tasks))
+    return _run(ui, "sequential", recipe, overrides, objectives, device, data_dir, overwrite, tasks=_split(tasks))
 
 
 @app.command("generalization", cls=LiteralHelpCommand)
-@handle_errors
-def generalization(recipe: RecipeOpt, overrides: Overrides = None,
+@command
+def generalization(ui: UI, recipe: RecipeOpt, overrides: Overrides = None,
                    source: Annotated[Optional[str], typer.Option("--source", help="Task to fine-tune on (default: probe.source).")] = None,
                    targets: Annotated[Optional[str], typer.Option("--targets", help="Comma-separated tasks to probe (default: the others).")] = None,
                    objectives: ObjectivesOpt = None, device: DeviceOpt = "auto", data_dir: DataDirOpt = None,
-                   overwrite: OverwriteOpt = False, json_out: JsonOpt = False, quiet: QuietOpt = False) -> None:
+                   overwrite: OverwriteOpt = False, json_out: JsonOpt = False, quiet: QuietOpt = False) -> View:
     """Fine-tune on one task; probe other tasks with the frozen encoder against the pretrained one."""
-    _run("generalization", recipe, overrides, objectives, device, data_dir, overwrite, json_out, quiet,
-         source=source, targets=_split(targets))
+    return _run(ui, "generalization", recipe, overrides, objectives, device, data_dir, overwrite,
+                source=source, targets=_split(targets))
 
 
 @app.command("retention", cls=LiteralHelpCommand)
-@handle_errors
-def retention(recipe: RecipeOpt, overrides: Overrides = None, tasks: TasksOpt = None,
+@command
+def retention(ui: UI, recipe: RecipeOpt, overrides: Overrides = None, tasks: TasksOpt = None,
               cycles: Annotated[Optional[int], typer.Option("--cycles", min=1, help="Passes over the tasks (default: probe.cycles).")] = None,
               objectives: ObjectivesOpt = None, device: DeviceOpt = "auto", data_dir: DataDirOpt = None,
-              overwrite: OverwriteOpt = False, json_out: JsonOpt = False, quiet: QuietOpt = False) -> None:
+              overwrite: OverwriteOpt = False, json_out: JsonOpt = False, quiet: QuietOpt = False) -> View:
     """Cycle A -> B -> C -> A ... and score each task when it comes back."""
-    _run("retention", recipe, overrides, objectives, device, data_dir, overwrite, json_out, quiet,
-         tasks=_split(tasks), cycles=cycles)
+    return _run(ui, "retention", recipe, overrides, objectives, device, data_dir, overwrite,
+                tasks=_split(tasks), cycles=cycles)

@@ -6,12 +6,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from finetune_cli.cli.common import JsonOpt, QuietOpt, emit_json, handle_errors
+from finetune_cli.cli.common import JsonOpt, QuietOpt, View, command
 from finetune_cli.ui import UI
 
 
-@handle_errors
+@command
 def push_cmd(
+    ui: UI,
     model: Annotated[str, typer.Argument(help="Run directory (its best/, else final/) or saved model folder.")],
     repo_id: Annotated[str, typer.Argument(help="Hub repository, `user/name` (created when missing).")],
     private: Annotated[bool, typer.Option("--private", help="Create the repository private.")] = False,
@@ -26,11 +27,12 @@ def push_cmd(
     huggingface_hub's upload_folder; log in first (`hf auth login` or HF_TOKEN)."""
     from finetune_cli.pipelines.push import run_push
 
-    ui = UI(quiet=quiet)
     res = run_push(model, repo_id, private=private, revision=revision, dry_run=dry_run)
-    if json_out:
-        emit_json(res.to_dict())
-    elif dry_run:
-        ui.print(f"would push {res.folder} to {res.repo_id} ({len(res.files)} files):\n  " + "\n  ".join(res.files))
-    else:
-        ui.print(f"pushed {res.folder} to {res.repo_id}: {res.url}")
+
+    def render(ui: UI) -> None:
+        if dry_run:
+            ui.print(f"would push {res.folder} to {res.repo_id} ({len(res.files)} files):\n  " + "\n  ".join(res.files))
+        else:
+            ui.print(f"pushed {res.folder} to {res.repo_id}: {res.url}")
+
+    return View(res.to_dict(), render)

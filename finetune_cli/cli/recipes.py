@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from finetune_cli.cli.common import JsonOpt, Overrides, emit_json, handle_errors
+from finetune_cli.cli.common import JsonOpt, Overrides, View, command
 from finetune_cli.cli.literal_help import LiteralHelpCommand, LiteralHelpGroup
 from finetune_cli.pipelines.recipes import load_any
 from finetune_cli.recipe import PACKAGED_RECIPES, resolve_recipe_path
@@ -25,17 +25,18 @@ def _description(path) -> str:
 
 
 @app.command("list", cls=LiteralHelpCommand)
-@handle_errors
-def list_cmd(json_out: JsonOpt = False) -> None:
+@command
+def list_cmd(json_out: JsonOpt = False) -> View:
     """List the packaged recipes."""
     rows = []
     for p in sorted(PACKAGED_RECIPES.rglob("*.yaml")):
         r = load_any(p)
         rows.append({"name": str(p.relative_to(PACKAGED_RECIPES).with_suffix("")), "objective": r.objective.name,
                      "description": _description(p)})
-    if json_out:
-        emit_json(rows)
-        return
+    return View(rows, lambda ui: _render_list(rows, ui))
+
+
+def _render_list(rows: list, ui: UI) -> None:
     from rich.table import Table
 
     t = Table(title="packaged recipes")
@@ -43,24 +44,25 @@ def list_cmd(json_out: JsonOpt = False) -> None:
         t.add_column(c)
     for row in rows:
         t.add_row(row["name"], row["objective"], row["description"])
-    UI().print(t)
+    ui.print(t)
 
 
 @app.command("show", cls=LiteralHelpCommand)
-@handle_errors
+@command
 def show_cmd(name: Annotated[str, typer.Argument(help="Recipe name or file.")]) -> None:
     """Print a recipe file as written."""
     typer.echo(resolve_recipe_path(name).read_text(), nl=False)
 
 
 @app.command("validate", cls=LiteralHelpCommand)
-@handle_errors
+@command
 def validate_cmd(file: Annotated[str, typer.Argument(help="Recipe name or file.")], overrides: Overrides = None,
-                 json_out: JsonOpt = False) -> None:
+                 json_out: JsonOpt = False) -> View:
     """Validate a recipe (with overrides) without loading any model; print the resolved recipe."""
     r = load_any(file, overrides or [])
-    if json_out:
-        emit_json(r.to_dict())
-    else:
+
+    def render(ui: UI) -> None:
         typer.echo(r.to_yaml(), nl=False)
-        UI().log(f"ok: {file} is a valid recipe (objective {r.objective.name})")
+        ui.log(f"ok: {file} is a valid recipe (objective {r.objective.name})")
+
+    return View(r.to_dict(), render)

@@ -6,12 +6,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from finetune_cli.cli.common import JsonOpt, emit_json, handle_errors
+from finetune_cli.cli.common import JsonOpt, View, command
 from finetune_cli.ui import UI
 
 
-@handle_errors
+@command
 def report_cmd(
+    ui: UI,
     run_dirs: Annotated[list[str], typer.Argument(
         help="Run directories (or folders of seed-*/ runs), e.g. runs/ce runs/scl.", show_default=False)],
     compare: Annotated[Optional[list[str]], typer.Option(
@@ -28,10 +29,8 @@ def report_cmd(
     """Mean ± std per metric per recipe over seeds, and paired comparisons (t-test, Wilcoxon)."""
     from pathlib import Path
 
-    from finetune_cli.cli.report_render import to_markdown
     from finetune_cli.pipelines.report import build_report, default_plot_path
 
-    ui = UI()
     out = None if no_plot else (Path(plot) if plot else default_plot_path(run_dirs))
     rep = build_report(run_dirs, compare or [], plot=out)
     curves_png = None
@@ -44,10 +43,14 @@ def report_cmd(
         if once:
             ui.warn(f"--curves: every run logged {', '.join(once)} once (a run shorter than train.log_every / "
                     "train.eval_every): points, not curves; lower those, or set train.min_evals, for curves")
-    if json_out:
-        emit_json({**rep.to_dict(), **({"curves": str(curves_png)} if curves_png else {})})
-        return
+    return View({**rep.to_dict(), **({"curves": str(curves_png)} if curves_png else {})},
+                lambda ui: _render(rep, markdown, curves_png, ui))
+
+
+def _render(rep, markdown: bool, curves_png, ui: UI) -> None:
     if markdown:
+        from finetune_cli.cli.report_render import to_markdown
+
         typer.echo(to_markdown(rep), nl=False)
     else:
         from finetune_cli.cli.report_render import render_report

@@ -13,14 +13,15 @@ from finetune_cli.cli.common import (
     Overrides,
     QuietOpt,
     RecipeOpt,
-    emit_json,
-    handle_errors,
+    View,
+    command,
 )
 from finetune_cli.ui import UI
 
 
-@handle_errors
+@command
 def sweep_cmd(
+    ui: UI,
     recipe: RecipeOpt,
     overrides: Overrides = None,
     param: Annotated[Optional[list[str]], typer.Option(
@@ -56,13 +57,9 @@ def sweep_cmd(
         from finetune_cli.recipe import RecipeError
 
         raise RecipeError(f"--direction must be maximize or minimize, got {direction!r}")
-    ui = UI(quiet=quiet)
     res = run_sweep(recipe, overrides or [], param or [], ui, trials=trials, seeds=parse_seeds(seeds),
                     metric=metric, direction=direction, out=out, sampler_seed=sampler_seed, prune=prune,
                     baseline=baseline, device=device, data_dir=data_dir)
-    if json_out:
-        emit_json(res.to_dict())
-        return
     from finetune_cli.cli.sweep_render import render_sweep
 
-    render_sweep(ui, res)
+    return View(res.to_dict(), lambda ui: render_sweep(ui, res))

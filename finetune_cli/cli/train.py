@@ -15,15 +15,17 @@ from finetune_cli.cli.common import (
     Overrides,
     QuietOpt,
     RecipeOpt,
-    emit_json,
-    handle_errors,
+    View,
+    command,
 )
 from finetune_cli.pipelines.recipes import load_plan
 from finetune_cli.ui import UI
 
 
-@handle_errors
+@command
 def train(
+    ui: UI,
+    gates: list,
     recipe: RecipeOpt,
     overrides: Overrides = None,
     device: DeviceOpt = "auto",
@@ -44,30 +46,27 @@ def train(
 ) -> None:
     """Fine-tune a model with a recipe: finetune train --recipe recipes/scl.yaml train.epochs=3"""
     from finetune_cli.engine.launch import relaunch, should_relaunch
-    from finetune_cli.metrics.gates import check_known, enforce_on_run, parse_expectations
+    from finetune_cli.metrics.gates import check_known, enforce_on_run
     from finetune_cli.pipelines.train import preflight, run_train
 
     plan = load_plan(recipe, overrides or [])
-    gates = parse_expectations(expect or [])
     if gates and plan.metrics:  # fail before training, not after it
         check_known(gates, plan.metrics, " in the final evaluation of training")
     if should_relaunch(nproc):  # bad input is one line from here, not one from each of N processes
         preflight(plan, device=device, data_dir=data_dir)
         raise typer.Exit(relaunch(nproc, sys.argv[1:], sys.argv[0]))
-    ui = UI(quiet=quiet)
     if seeds is not None:
         from finetune_cli.cli.train_seeds import train_seeds
 
-        return train_seeds(plan, seeds, ui, device=device, data_dir=data_dir, resume=resume, overwrite=overwrite,
-                           json_out=json_out, gates=gates)
+        return train_seeds(plan, seeds, ui, device=device, data_dir=data_dir, resume=resume, overwrite=overwrite)
     out = run_train(plan, ui, device=device, data_dir=data_dir, resume=resume, overwrite=overwrite)
-    s = out.summary
-    if json_out:
-        emit_json(s)
-        enforce_on_run(gates, s, ui)
-        return
+    return View(out.summary, lambda ui: _render(out, ui), enforce=lambda g, ui: enforce_on_run(g, out.summary, ui))
+
+
+def _render(out, ui: UI) -> None:
     from rich.table import Table
 
+    s = out.summary
     t = Table(title=f"run {out.run_dir}", show_header=False)
     for k in ("objective", "steps", "train_examples", "samples_per_second", "train_seconds", "device", "precision"):
         t.add_row(k, str(s.get(k)))
@@ -76,4 +75,3 @@ def train(
     for k, v in (s.get("final_eval") or {}).items():
         t.add_row(f"final {k}", f"{v:.4f}")
     ui.print(t)
-    enforce_on_run(gates, s, ui)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-from finetune_cli.cli.common import emit_json
+from finetune_cli.cli.common import View
 from finetune_cli.errors import RunDirError
 
 
 def train_seeds(plan, seeds: str, ui, *, device: str, data_dir: Optional[str], resume: Optional[str],
-                overwrite: bool, json_out: bool, gates=()) -> None:
-    from finetune_cli.metrics.stats import mean_std
+                overwrite: bool) -> View:
     from finetune_cli.pipelines.multiseed import parse_seeds, run_seeds
 
     if resume is not None:
@@ -22,11 +21,13 @@ def train_seeds(plan, seeds: str, ui, *, device: str, data_dir: Optional[str], r
     for seed, o in zip(seed_list, outs, strict=True):
         status = "skipped (complete)" if o.already_complete else ("resumed" if o.resumed_from else "trained")
         rows.append({"seed": seed, "status": status, **o.summary})
-    if json_out:
-        emit_json(rows)
-        _gate_seeds(gates, outs, seed_list, ui)
-        return
+    return View(rows, lambda ui: _render(plan, rows, ui), enforce=lambda g, ui: _gate_seeds(g, outs, seed_list, ui))
+
+
+def _render(plan, rows: list, ui) -> None:
     from rich.table import Table
+
+    from finetune_cli.metrics.stats import mean_std
 
     metric = next((r["metric"] for r in rows if r.get("metric")), None)
     t = Table(title=f"{len(rows)} seeds · {plan.run_dir}")
@@ -40,13 +41,10 @@ def train_seeds(plan, seeds: str, ui, *, device: str, data_dir: Optional[str], r
         m, s = mean_std(vals)
         t.add_row("all", "", "mean ± std", "", "", f"{m:.4f} ± {s:.4f}" if s is not None else f"{m:.4f}")
     ui.print(t)
-    _gate_seeds(gates, outs, seed_list, ui)
 
 
 def _gate_seeds(gates, outs, seed_list, ui) -> None:
     """``--expect`` holds for every seed's final evaluation; the failures of all seeds on one line."""
-    if not gates:
-        return
     from finetune_cli.metrics.gates import GateFailed, enforce_on_run
 
     failed = []

@@ -84,7 +84,7 @@ def test_a_utf8_bom_is_not_part_of_the_first_column(tmp_path):
 
 
 def test_json_output_has_no_bare_nan(monkeypatch, capsys):
-    from finetune_cli.cli.common import emit_json
+    from finetune_cli.cli.common import _emit_json as emit_json
 
     emit_json({"a": math.nan, "b": [1.0, math.inf], "c": {"d": -math.inf}})
     assert json.loads(capsys.readouterr().out) == {"a": None, "b": [1.0, None], "c": {"d": None}}
