@@ -15,7 +15,7 @@ PKG = Path(__file__).resolve().parents[2] / "finetune_cli"
 
 # Lower number = lower layer. A module may import its own top-level package, or a strictly lower layer.
 LAYERS = {
-    "errors": 0, "fsutil": 1, "ui": 2, "recipe": 3, "rundir": 4,
+    "errors": 0, "fsutil": 1, "ui": 2, "recipe": 3, "rundir": 4, "checkpoint": 4.5,
     "data": 5, "metrics": 5, "viz": 5,
     "models": 6, "objectives": 7, "engine": 8, "augment": 8,
     "pipelines": 9, "cli": 10, "__main__": 11,
@@ -251,3 +251,85 @@ def test_a_long_function_is_caught_unless_it_says_why(tmp_path):
     body = "".join(f"    x{i} = {i}\n" for i in range(70))
     root = _fake_package(tmp_path, {"a.py": f"def f():\n{body}", "b.py": f"def g():  # long: a table\n{body}"})
     assert [x.split()[1] for x in long_functions(root)] == ["f"]
+
+
+# ---- one home each: checkpoints, the metrics log, JSON output; the trainer keeps the loop --------
+
+def _code_lines(path: Path) -> list[tuple[int, str]]:
+    """``(line number, text)`` of the lines that are code: comments and docstrings say what a file
+    holds elsewhere, so only string literals and names in code count."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                docs |= set(range(first.lineno, first.end_lineno + 1))
+    return [(i, ln.split("#", 1)[0]) for i, ln in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            if i not in docs]
+
+
+# what only the Checkpointer may name, and what only the metrics log may name
+HOMES = {
+    "checkpoint.py": ('"checkpoint-', "checkpoint-{", "trainer_state.json", '"rng-'),
+    "rundir.py": ('"metrics.jsonl"',),
+}
+
+
+def stray_names(root: Path) -> list[str]:
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for home, names in HOMES.items():
+            if rel == home:
+                continue
+            bad += [f"{rel}:{i}: {n}" for i, code in _code_lines(path) for n in names if n in code]
+    return bad
+
+
+def test_checkpoints_and_the_metrics_log_have_one_home_each():
+    """The checkpoint folders' names and files appear in ``checkpoint.py`` only (the Checkpointer),
+    ``metrics.jsonl`` in ``rundir.py`` only (``RunDir.metrics``); every other module goes through them."""
+    assert stray_names(PKG) == []
+
+
+def test_a_stray_checkpoint_or_metrics_name_is_caught(tmp_path):
+    root = _fake_package(tmp_path, {
+        "checkpoint.py": 'P = "checkpoint-"\n',
+        "engine/trainer.py": '"""Writes checkpoint-<step>/."""\nck = run / f"checkpoint-{step}"  # a copy\n',
+        "viz/curves.py": 'log = run / "metrics.jsonl"\n'})
+    assert stray_names(root) == ['engine/trainer.py:2: "checkpoint-', 'engine/trainer.py:2: checkpoint-{',
+                                 'viz/curves.py:1: "metrics.jsonl"']
+
+
+def test_json_output_only_through_the_command_seam():
+    """No command prints its own JSON: ``_emit_json`` is called in ``cli/common.py`` only."""
+    bad = [f"{p.relative_to(PKG)}:{i}" for p in sorted(PKG.rglob("*.py")) if p != PKG / "cli" / "common.py"
+           for i, code in _code_lines(p) if "emit_json(" in code or "json.dumps(" in code and "cli" in p.parts]
+    assert bad == []
+
+
+def test_every_command_goes_through_the_seam():
+    """Each function registered as a command is wrapped by ``cli.common.command``."""
+    from finetune_cli.cli.main import app
+
+    def commands(t):
+        for info in t.registered_commands:
+            yield info.name or info.callback.__name__, info.callback
+        for g in t.registered_groups:
+            yield from commands(g.typer_instance)
+
+    found = dict(commands(app))
+    assert len(found) >= 13, sorted(found)
+    bare = [name for name, cb in found.items() if not getattr(cb, "through_seam", False)]
+    assert bare == [], bare
+
+
+MAX_TRAINER_LINES = 500
+
+
+def test_the_trainer_keeps_the_loop_only():
+    """``engine/trainer.py`` holds the loop; what it is built from, its state and its records live in
+    ``engine/setup.py``, ``engine/state.py``, the Checkpointer and the metrics log."""
+    n = len((PKG / "engine" / "trainer.py").read_text(encoding="utf-8").splitlines())
+    assert n <= MAX_TRAINER_LINES, f"engine/trainer.py: {n} lines"
