@@ -22,7 +22,13 @@ from typing import Any
 from finetune_cli.engine.inference import open_session
 from finetune_cli.errors import ModelError, RunDirError
 from finetune_cli.fsutil import atomic_dir, check_writable_dir
-from finetune_cli.models.loading import HEAD_SPEC, default_max_length, has_classifier, resolve_model, save_text_model
+from finetune_cli.models.loading import (
+    HEAD_SPEC,
+    default_max_length,
+    has_classifier,
+    resolve_model,
+    save_text_model,
+)
 from finetune_cli.models.lora import is_adapter_folder
 from finetune_cli.models.onnx import copy_folder_files, export_onnx, require_onnx
 
