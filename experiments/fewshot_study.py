@@ -97,7 +97,7 @@ TASKS: dict[str, Task] = {
                  classes=("very negative", "negative", "neutral", "positive", "very positive")),
 }
 LEDGER = REPO / "experiments" / "results" / "fewshot.jsonl"
-FULL = {"tasks": ",".join(TASKS), "objectives": "ce,scl,fastfit", "shots": "8,20,64", "seeds": "1-5",
+FULL = {"tasks": ",".join(TASKS), "objectives": "ce,scl", "shots": "8,20,64", "seeds": "1-5",
         "anchors": "probe,setfit"}
 
 

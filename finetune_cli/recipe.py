@@ -236,12 +236,20 @@ class Recipe(_Plain):
             d["train"].pop("seed", None)
             d["data"].pop("seed", None)
         d["train"].pop("report_to", None)  # where metrics are also sent does not change the run
+        # Keys added after runs were made, at their default, change no run: those runs (and the study's
+        # ledger cells keyed by this) keep their fingerprint.
+        for section, key in ADDED_KEYS:
+            if d.get(section, {}).get(key, 0) is None:
+                d[section].pop(key)
         return d
 
     def fingerprint(self, ignore_seeds: bool = False) -> str:
         """Hash of :meth:`fingerprinted`."""
         d = self.fingerprinted(ignore_seeds)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+ADDED_KEYS = (("data", "label_descriptions"),)
 
 
 def _stem(source: str, default: str) -> str:
