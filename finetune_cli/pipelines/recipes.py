@@ -138,10 +138,7 @@ def validate_recipe(recipe: R) -> R:
 
 def _check_label_texts(recipe: Union[Recipe, ProbeRecipe], cls: type[Objective]) -> None:
     """``model.head: labels`` and ``data.label_descriptions`` need an objective that encodes the label texts."""
-    if cls.label_texts:
-        if (recipe.model.problem_type or "single_label_classification") != "single_label_classification":
-            raise RecipeError(f"objective `{cls.name}` in {recipe.source} contrasts single-label classes; "
-                              f"model.problem_type {recipe.model.problem_type} is not one")
+    if cls.label_texts:  # (single-label only: resolve_problem_type checks the objective's problem_types)
         return
     users = ", ".join(n for n in registry.names() if registry.get(n).label_texts)
     if recipe.model.head == "labels":
