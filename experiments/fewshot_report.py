@@ -16,7 +16,8 @@ import fewshot_anchors as fa
 import fewshot_study as fs
 
 ANCHOR_ROWS = ("probe", "setfit")
-GROUPS = (("sentiment", "sentiment tasks"), ("pair", "pair tasks"), ("acceptability", "CoLA"), (None, "all tasks"))
+GROUPS = (("sentiment", "sentiment tasks"), ("pair", "pair tasks"), ("multiclass", "multi-class tasks"),
+          ("acceptability", "CoLA"), (None, "all tasks"))
 
 
 def mean(xs) -> float:

@@ -6,8 +6,9 @@
 Protocol:
 
 * tasks (``--tasks``, from ``../shared/data``): SST-2; the review sets books, dvd, electronics, kitchen,
-  airline, yelp, amazon and imdb, each a task of its own; CoLA; and the sentence-pair tasks MRPC and
-  RTE. A task with a train and a dev file trains from the train file; yelp and amazon (a dev file
+  airline, yelp, amazon and imdb, each a task of its own; CoLA; the sentence-pair tasks MRPC and
+  RTE; and the multi-class tasks emotion (6 classes) and SST-5 (5), whose class names reach the rows
+  that encode the label texts (``data.label_descriptions``). A task with a train and a dev file trains from the train file; yelp and amazon (a dev file
   only) and imdb (a train file only) first lose a stratified, seeded ``DEV_POOL`` rows of their one
   file to a dev part, and train from the rest;
 * training: N examples per class (``data.few_shot=N``) drawn by the seed from the task's training
@@ -22,7 +23,8 @@ Protocol:
   embeddings and SetFit 1.2 with the same body;
 * reported per task and N: test accuracy mean ± sd over seeds, paired differences against SetFit and
   the probe (paired t-test, Wilcoxon signed-rank, wins/ties/losses), the selection-half accuracy and
-  the time per run; then averages over the sentiment tasks, the pair tasks and all tasks.
+  the time per run; then averages over the sentiment tasks, the pair tasks, the multi-class tasks and
+  all tasks.
 
 A row label can name a variant: ``scl1:scl:views=1:crop=0.5:train.min_steps=100`` is the few-shot SCL
 recipe with those overrides, reported as ``scl1``. Rerunning the command reuses finished runs.
@@ -69,9 +71,10 @@ class Task:
     train: str | None  # file names in the folder; None: cut from the other file
     dev: str | None
     columns: dict  # logical name (text, text_pair, label) -> column name or 0-based index
-    group: str  # sentiment, acceptability, pair
+    group: str  # sentiment, acceptability, pair, multiclass
     header: str = "yes"
     max_length: int = 64
+    classes: tuple[str, ...] | None = None  # class names by label id, for rows that encode the label texts
 
 
 _REVIEW = {"text": "sentence", "label": "label"}
@@ -87,6 +90,11 @@ TASKS: dict[str, Task] = {
                  "pair", max_length=128),
     "rte": Task("RTE", "train.tsv", "dev.tsv", {"text": "sentence1", "text_pair": "sentence2", "label": "label"},
                 "pair", max_length=128),
+    # multi-class (labels 0..C-1 in the files; names from the folder's labels.txt)
+    "emotion": Task("emotion", "train.tsv", "dev.tsv", _REVIEW, "multiclass",
+                    classes=("sadness", "joy", "love", "anger", "fear", "surprise")),
+    "sst5": Task("SST-5", "train.tsv", "dev.tsv", _REVIEW, "multiclass",
+                 classes=("very negative", "negative", "neutral", "positive", "very positive")),
 }
 LEDGER = REPO / "experiments" / "results" / "fewshot.jsonl"
 FULL = {"tasks": ",".join(TASKS), "objectives": "ce,scl", "shots": "8,20,64", "seeds": "1-5",
@@ -206,16 +214,28 @@ def study_overrides(args, name: str, extra: list[str], task: str, shots: int, fi
                     label: str) -> list[str]:
     """The row's recipe pointed at the task's files, at N examples a class, written under the task."""
     pair = "text_pair" in TASKS[task].columns
+    names = class_names_override(name, extra, TASKS[task])
     sched = [f"train.max_steps={args.max_steps}", "~train.min_steps"] if args.max_steps else []
     return [
         f"model.name={args.model}", f"model.max_length={args.max_length or TASKS[task].max_length}",
         "~data.dataset", "~data.max_train_samples", "~data.max_eval_samples", "~data.seed", "~data.label_names",
         f"data.train={files['train']}", f"data.eval={files['select']}", "data.columns.text=text",
         f"data.columns.text_pair={'text_pair' if pair else 'null'}", "data.columns.label=label",
-        f"data.few_shot={shots}", *extra, *sched, "train.metric=accuracy", "~train.greater_is_better",
+        f"data.few_shot={shots}", *names, *extra, *sched, "train.metric=accuracy", "~train.greater_is_better",
         "train.keep_checkpoints=1", f"output.dir={Path(args.out) / task / f'n{shots}'}", f"output.name={label}",
         *args.overrides,
     ]
+
+
+def class_names_override(name: str, extra: list[str], task: Task) -> list[str]:
+    """``data.label_descriptions`` naming the task's classes, for a row whose objective encodes the label
+    texts (the files hold label ids); nothing for the others, which would refuse the key."""
+    from finetune_cli.objectives import registry
+    from finetune_cli.recipe import parse_recipe
+
+    if task.classes is None or not registry.get(parse_recipe(recipe_name(name), extra).objective.name).label_texts:
+        return []
+    return ["data.label_descriptions=" + json.dumps({str(i): c for i, c in enumerate(task.classes)})]
 
 
 def schedule_text(t) -> str:

@@ -70,7 +70,7 @@ class ModelConfig:
     revision: Optional[str] = field_spec(None, help="hub revision (branch, tag or commit)")
     dropout: Optional[float] = field_spec(None, ge=0.0, lt=1.0, help="encoder dropout (hidden and attention); None = the encoder's own config")
     projection: Optional[bool] = field_spec(None, help="add the projection MLP (SimCSE's cls+MLP, used for the loss only); default: the objective's needs_projection")
-    head: str = field_spec("native", choices=("native", "pooled"), help="classifier head: `native` = the architecture's own *ForSequenceClassification head (loads in transformers as is); `pooled` = model.pooling + linear (finetune-only folder)")
+    head: str = field_spec("native", choices=("native", "pooled", "labels"), help="classifier head: `native` = the architecture's own *ForSequenceClassification head (loads in transformers as is); `pooled` = model.pooling + linear (finetune-only folder); `labels` = cosine similarity of the normalised pooled embedding to each label's text / the objective's tau, saved as a pooled head (objectives that train on the label texts, e.g. fastfit)")
     reinit_layers: int = field_spec(0, ge=0, help="re-initialise the encoder's top k layers (and its pooler) before training, as Zhang et al. 2021 for few-sample BERT; 0 = keep every pre-trained layer")
     head_normalize: bool = field_spec(False, help="pooled head only: L2-normalise the pooled embedding before dropout -> linear (the unit-sphere features a contrastive term shapes and SetFit's head reads)")
     problem_type: str = field_spec("auto", choices=("auto", "single_label_classification", "regression", "multi_label_classification"), help="as transformers' config.problem_type; auto: multi-label when data.label_separator is set, regression for a regression GLUE task (glue:stsb), else single-label")
@@ -117,6 +117,9 @@ class DataConfig:
     encoding: str = field_spec("utf-8", help="text encoding of local data files (utf-8, latin-1, cp1252 …); a UTF-8 BOM is dropped")
     drop_invalid: bool = field_spec(False, help="drop rows with a missing label or an empty text (with a count) instead of refusing the data")
     label_separator: Optional[str] = field_spec(None, help="multi-label: labels of a row given as one string joined by this separator (e.g. `,`); a list column (JSONL) needs none")
+    label_descriptions: Optional[dict[str, str]] = field_spec(None, help="label name -> the text an objective that "
+                                                             "trains on the label texts (fastfit) encodes for it; "
+                                                             "labels left out are encoded by their name")
 
 
 @dataclass(frozen=True)
@@ -233,12 +236,20 @@ class Recipe(_Plain):
             d["train"].pop("seed", None)
             d["data"].pop("seed", None)
         d["train"].pop("report_to", None)  # where metrics are also sent does not change the run
+        # Keys added after runs were made, at their default, change no run: those runs (and the study's
+        # ledger cells keyed by this) keep their fingerprint.
+        for section, key in ADDED_KEYS:
+            if d.get(section, {}).get(key, 0) is None:
+                d[section].pop(key)
         return d
 
     def fingerprint(self, ignore_seeds: bool = False) -> str:
         """Hash of :meth:`fingerprinted`."""
         d = self.fingerprinted(ignore_seeds)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+ADDED_KEYS = (("data", "label_descriptions"),)
 
 
 def _stem(source: str, default: str) -> str:
@@ -318,6 +329,11 @@ def coerce(value: Any, tp: Any, where: str, src: str) -> Any:
                 errors.append(e)
         names = " or ".join(_type_name(a) for a in args if a is not type(None))
         raise RecipeError(f"`{where}` in {src} must be {names}, got {value!r}")
+    if origin in (dict, Mapping):
+        key_t, val_t = typing.get_args(tp) or (Any, Any)
+        if not isinstance(value, Mapping):
+            raise RecipeError(f"`{where}` in {src} must be a mapping, got {value!r}")
+        return {coerce(k, key_t, f"{where}", src): coerce(v, val_t, f"{where}.{k}", src) for k, v in value.items()}
     if origin in (list, Sequence):
         (inner,) = typing.get_args(tp) or (Any,)
         if not isinstance(value, (list, tuple)):
@@ -542,9 +558,14 @@ def _cross_checks(r: Recipe) -> None:
         raise RecipeError(f"`data.dataset` and `data.train`/`data.eval` in {src} are exclusive; use one")
     if d.few_shot and d.max_train_samples:
         raise RecipeError(f"`data.few_shot` and `data.max_train_samples` in {src} are exclusive; use one")
-    if r.model.head_normalize and r.model.head != "pooled":
+    if r.model.head_normalize and r.model.head == "native":  # (a labels head is always normalised)
         raise RecipeError(f"`model.head_normalize` in {src} applies to the pooled head only; set model.head=pooled "
                           f"(the native head is the architecture's own and reads the [CLS] state)")
+    if r.model.head == "labels" and r.train.refit_head:
+        raise RecipeError(f"`train.refit_head` in {src} refits a trained head; model.head=labels has none to refit "
+                          f"(its weights are the label texts' embeddings): set train.refit_head=false")
+    if d.label_descriptions and d.label_names:
+        check_label_descriptions(d.label_descriptions, d.label_names, src)
     _check_trackers(r.train.report_to, src)
     _check_lora(r, src)
     try:
@@ -552,6 +573,16 @@ def _cross_checks(r: Recipe) -> None:
     except LookupError:
         raise RecipeError(f"`data.encoding` in {src} is `{d.encoding}`, not a text encoding Python knows "
                           f"(e.g. utf-8, latin-1, cp1252)") from None
+
+
+def check_label_descriptions(descriptions: Mapping[str, str], labels: Sequence[str], src: str) -> None:
+    """Every key of ``data.label_descriptions`` names a label, and no description is empty."""
+    for key, text in descriptions.items():
+        if key not in labels:
+            raise RecipeError(f"`data.label_descriptions.{key}` in {src} names no label of the data"
+                              + closest(str(key), [str(x) for x in labels], listing="labels"))
+        if not str(text).strip():
+            raise RecipeError(f"`data.label_descriptions.{key}` in {src} is empty; give a text or drop the key")
 
 
 def _check_lora(r: Recipe, src: str) -> None:

@@ -15,6 +15,12 @@ Two kinds of classifier (``HeadSpec.head``):
 * ``pooled``: ``model.pooling`` → dropout → linear on a bare encoder, a head transformers has no
   class for (see ``models/loading.py`` for how such folders are kept from loading wrongly); with
   ``HeadSpec.normalize`` the pooled embedding is L2-normalised before the dropout.
+* ``labels``: prediction by similarity to the label texts. The same layout as a normalised pooled
+  head (so it saves, loads and exports as one), but its weight is not trained: row ``c`` is the
+  L2-normalised embedding of label ``c``'s text divided by ``HeadSpec.temperature``, and the bias
+  is 0, so ``logits_c = cos(x, label_c) / τ``. While training, the model holds the tokenised label
+  texts (:meth:`TextModel.set_label_texts`) and re-encodes them into the head each time it is put
+  in eval mode (every evaluation, and before a save).
 """
 
 from __future__ import annotations
@@ -159,6 +165,7 @@ class ModelOutput:
     logits: Optional[torch.Tensor] = None
     projection: Optional[torch.Tensor] = None
     features: Optional[torch.Tensor] = None  # the classifier's input (``TextModel.classify``)
+    tokens: Optional[torch.Tensor] = None  # the last hidden states (token-level similarity)
 
 
 @dataclass(frozen=True)
@@ -174,6 +181,7 @@ class HeadSpec:
     head: str = "native"
     threshold: float = 0.5  # multi-label: a label is predicted when its sigmoid >= threshold
     normalize: bool = False  # pooled head: L2-normalise the pooled embedding before dropout -> linear
+    temperature: float = 1.0  # labels head: logits are cosine similarities to the label texts / temperature
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -199,10 +207,59 @@ class TextModel(nn.Module):
         # of a TextModel is never saved as such: ``models/loading.py`` saves ``hf``.)
         self.encoder = backbone.base_model if self.native else backbone
         self.hf = backbone if self.native else None
+        self.label_head = spec.num_labels > 0 and spec.head == "labels"
         self.classifier = (ClassificationHead(hidden, spec.num_labels, spec.classifier_dropout, spec.spectral_norm,
                                               spec.normalize)
-                           if spec.num_labels > 0 and not self.native else None)
+                           if spec.num_labels > 0 and not self.native and not self.label_head else None)
+        if self.label_head:
+            # Set from the label texts, never by the optimizer: frozen, no dropout, no bias.
+            self.classifier = ClassificationHead(hidden, spec.num_labels, 0.0, normalize=True)
+            self.classifier.requires_grad_(False)
+            with torch.no_grad():
+                self.classifier.out_proj.bias.zero_()
         self.projection = ProjectionHead(hidden) if spec.projection else None
+        self.label_pad_id = 0
+        self._label_keys: tuple[str, ...] = ()
+
+    def set_label_texts(self, features: dict[str, torch.Tensor], pad_id: int) -> None:
+        """The tokenised label texts, row ``c`` = label ``c`` (``input_ids``, ``attention_mask``,
+        optionally ``token_type_ids``), padded with ``pad_id``. Kept as buffers that are not saved:
+        they move with the model; objectives that train on the label texts read them, and a labels
+        head is encoded from them."""
+        self.label_pad_id = int(pad_id)
+        for k, v in features.items():
+            self.register_buffer(f"_label_{k}", v, persistent=False)
+        self._label_keys = tuple(features)
+
+    def label_inputs(self) -> Optional[dict[str, torch.Tensor]]:
+        """The tokenised label texts on the model's device, or None when none were set."""
+        if not self._label_keys:
+            return None
+        return {k: getattr(self, f"_label_{k}") for k in self._label_keys}
+
+    @torch.no_grad()
+    def refresh_label_head(self) -> None:
+        """A labels head set from the label texts as the model now encodes them (eval mode: no
+        dropout, so no random numbers are drawn and a resumed run stays exact)."""
+        feats = self.label_inputs()
+        if not self.label_head or feats is None:
+            return
+        was = self.training
+        super().train(False)
+        try:
+            z = self(feats).embeddings.float()
+        finally:
+            super().train(was)
+        w = nn.functional.normalize(z, dim=-1) / self.spec.temperature
+        self.classifier.out_proj.weight.copy_(w.to(self.classifier.out_proj.weight.dtype))
+
+    def train(self, mode: bool = True):
+        """``eval()`` re-encodes a labels head from the label texts when the model holds them, so
+        every evaluation and every save sees the head the encoder now implies."""
+        super().train(mode)
+        if not mode and self.label_head and self._label_keys:
+            self.refresh_label_head()
+        return self
 
     @property
     def config(self):  # the HF config (id2label, label2id, problem_type, ...)
@@ -261,12 +318,12 @@ class TextModel(nn.Module):
             if self.spec.pooling == "pooler" and getattr(self.encoder, "pooler", None) is not None:
                 pooler = self.encoder.pooler(last)
             pooled = pool(last, features["attention_mask"], self.spec.pooling, pooler)
-            logits, feats = out.logits, last[:, 0]
+            logits, feats, tokens = out.logits, last[:, 0], last
         else:
             out = self.encoder(**inputs, **kwargs)
             pooled = pool(out.last_hidden_state, features["attention_mask"], self.spec.pooling,
                           getattr(out, "pooler_output", None))
             logits = self.classifier(pooled) if self.classifier is not None else None
-            feats = pooled
+            feats, tokens = pooled, out.last_hidden_state
         proj = self.projection(pooled) if self.projection is not None else None
-        return ModelOutput(embeddings=pooled, logits=logits, projection=proj, features=feats)
+        return ModelOutput(embeddings=pooled, logits=logits, projection=proj, features=feats, tokens=tokens)

@@ -22,6 +22,9 @@ The data contract is declared as class attributes, read by the pipelines and the
 * ``sampler``: name of the batch sampler in ``data.sampling.SAMPLERS``
 * ``encoding``: ``"joint"`` (text and text_pair in one sequence, the cross-encoder) or
   ``"separate"`` (each text column encoded on its own, for bi-encoders)
+* ``label_texts``: the objective encodes the label texts (names, or ``data.label_descriptions``)
+  beside the batch: the pipeline tokenises them and hands them to the model
+  (``TextModel.set_label_texts``); only such objectives train a ``model.head: labels``
 * ``parts``: names of the loss components returned besides ``loss``
 * ``evaluation``: how the pipeline evaluates during training, a key of
   ``pipelines.common.EVALUATORS`` (``"classifier"``: the head's logits on labelled data;
@@ -51,6 +54,7 @@ class Objective(nn.Module):
     spectral_norm_head: ClassVar[bool] = False
     sampler: ClassVar[str] = "length_grouped"
     encoding: ClassVar[str] = "joint"
+    label_texts: ClassVar[bool] = False
     parts: ClassVar[tuple[str, ...]] = ()
     evaluation: ClassVar[str] = "classifier"
 

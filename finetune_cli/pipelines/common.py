@@ -47,6 +47,30 @@ def encode(plan: Plan, table, tokenizer) -> EncodedData:
     return encode_table(table, tokenizer, plan.recipe.model.max_length, plan.text_columns, joint=plan.joint)
 
 
+def label_texts(plan: Plan, label_names: list[str]) -> list[str]:
+    """The text encoded for each label, in id order: its ``data.label_descriptions`` entry, else its
+    name (a description naming no label is refused, naming the key)."""
+    from finetune_cli.recipe import check_label_descriptions
+
+    desc = plan.recipe.data.label_descriptions or {}
+    check_label_descriptions(desc, label_names, plan.recipe.source)
+    return [str(desc.get(name, name)) for name in label_names]
+
+
+def attach_label_texts(plan: Plan, model, tokenizer, label_names: Optional[list[str]]) -> None:
+    """For an objective that encodes the label texts: tokenise them (``model.max_length``, one
+    batch padded to its longest) and hand them to the model (``TextModel.set_label_texts``)."""
+    if not plan.objective_cls.label_texts:
+        return
+    from finetune_cli.engine.inference import pad_id
+
+    texts = label_texts(plan, list(label_names or ()))
+    tok = tokenizer(texts, padding=True, truncation=True, max_length=plan.recipe.model.max_length,
+                    return_tensors="pt")
+    model.set_label_texts({k: v for k, v in tok.items() if k in ("input_ids", "attention_mask", "token_type_ids")},
+                          pad_id(tokenizer))
+
+
 def load_similarity_data(recipe: Recipe, data_dir: Optional[Path]):
     """The sentence-pair evaluation set (``text``, ``text_pair``, float gold ``label``) named by
     ``data.eval`` (or ``data.dataset``'s eval split), read with ``data.eval_columns``."""

@@ -22,7 +22,13 @@ from typing import Any
 from finetune_cli.engine.inference import open_session
 from finetune_cli.errors import ModelError, RunDirError
 from finetune_cli.fsutil import atomic_dir, check_writable_dir
-from finetune_cli.models.loading import HEAD_SPEC, default_max_length, save_text_model
+from finetune_cli.models.loading import (
+    HEAD_SPEC,
+    default_max_length,
+    has_classifier,
+    resolve_model,
+    save_text_model,
+)
 from finetune_cli.models.lora import is_adapter_folder
 from finetune_cli.models.onnx import copy_folder_files, export_onnx, require_onnx
 
@@ -49,6 +55,11 @@ def _check_output(output: str, overwrite: bool) -> Path:
     return check_writable_dir(out, "output folder")
 
 
+def _is_classifier(model_name: str) -> bool:
+    path, local = resolve_model(model_name)
+    return local and Path(path).is_dir() and has_classifier(path)
+
+
 def run_export(model_name: str, output: str, ui, *, fmt: str = "transformers", merge: bool = False,
                overwrite: bool = False) -> ExportResult:
     if fmt not in FORMATS:
@@ -59,7 +70,10 @@ def run_export(model_name: str, output: str, ui, *, fmt: str = "transformers", m
         raise ModelError("--format transformers writes a merged LoRA adapter: pass --merge (or --format onnx)")
     out = _check_output(output, overwrite)
     t0 = time.perf_counter()
-    sess = open_session(model_name, device="cpu", precision="fp32", embedding=True)
+    # A classifier is loaded with its head (a pooled or labels head's folder also reads as a
+    # sentence-transformers body, which would export the embeddings alone); anything else as an
+    # embedding model, the way SentenceTransformer reads it.
+    sess = open_session(model_name, device="cpu", precision="fp32", embedding=not _is_classifier(model_name))
     adapter = is_adapter_folder(sess.path)
     if merge and not adapter:
         raise ModelError(f"--merge: {sess.path} is not a LoRA adapter folder (no adapter_config.json); "

@@ -27,7 +27,7 @@ from finetune_cli.engine.rng import seed_everything
 from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
 from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
-from finetune_cli.pipelines.common import EVALUATORS, encode, load_data, model_card_info
+from finetune_cli.pipelines.common import EVALUATORS, attach_label_texts, encode, load_data, model_card_info
 from finetune_cli.pipelines.recipes import Plan, validate_recipe
 from finetune_cli.rundir import RunDir, RunLock, same_run
 from finetune_cli.viz.curves import write_curves
@@ -122,6 +122,7 @@ def _setup_model(plan: Plan, ck: Optional[Path], data: TaskData, ui):
             dropout=m.dropout, before_heads=lambda: seed_everything(plan.recipe.train.seed),
             reinit_layers=m.reinit_layers, lora=m.lora)
     check_max_length(model, m.max_length, "model.max_length", m.name)
+    attach_label_texts(plan, model, tokenizer, data.label_names)
     return model, tokenizer
 
 

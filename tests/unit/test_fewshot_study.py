@@ -119,7 +119,7 @@ def test_smallest_study_runs_end_to_end(tmp_path, tiny_model_dir):
     study = load_study()
     data = fake_data(tmp_path / "d")
     anchors = "probe" + ("" if study.fa.setfit_available() else ",setfit")
-    argv = ["--tasks", "sst2,mrpc", "--shots", "2", "--seeds", "1", "--objectives", "ce,scl", "--anchors", anchors,
+    argv = ["--tasks", "sst2,mrpc", "--shots", "2", "--seeds", "1", "--objectives", "ce,scl,fastfit", "--anchors", anchors,
             "--max-steps", "2", "--model", str(tiny_model_dir), "--data-dir", str(data), "--out", str(tmp_path / "o"),
             "--results", str(tmp_path / "R.md"), "--no-figures", "--quiet", "--device", "cpu",
             "--ledger", str(tmp_path / "ledger.jsonl")]
@@ -128,7 +128,7 @@ def test_smallest_study_runs_end_to_end(tmp_path, tiny_model_dir):
     assert "REDUCED RUN" in page and "### mrpc" in page and "## Averages over tasks" in page
     assert "| scl − probe | 1 |" in page and "pair tasks acc" in page
     drawn = {}
-    for row in ["ce", "scl"]:
+    for row in ["ce", "scl", "fastfit"]:
         run = tmp_path / "o" / "mrpc" / "n2" / row / "seed-1"
         drawn[row] = json.loads((run / "eval.json").read_text())["data"]
         assert drawn[row].endswith("test.jsonl")
@@ -268,3 +268,28 @@ def test_the_committed_results_page_is_what_the_committed_ledger_gives(tmp_path,
     again = (tmp_path / "R.md").read_text(encoding="utf-8").replace(str(tmp_path / "R.md"), "docs/few-shot-results.md")
     again = again.replace(f" --data-dir {data} --out {tmp_path / 'o'}", "")
     assert again == page
+
+
+@pytest.mark.parametrize("task,classes", [("emotion", 6), ("sst5", 5)])
+def test_multiclass_tasks_load_with_their_class_names(tmp_path, task, classes):
+    """The shared data's multi-class tasks split like the others, their labels are the ids 0..C-1 that
+    the class names are listed for, and only a row that encodes the label texts is given the names."""
+    from tests.conftest import shared_data_or_skip
+
+    study = load_study()
+    t = study.TASKS[task]
+    data = shared_data_or_skip(t.folder).parent
+    f = study.prepare_task(task, data, tmp_path / "o")
+    train, sel = jsonl(f["train"]), jsonl(f["select"])
+    assert t.group == "multiclass" and len(t.classes) == classes
+    assert {r["label"] for r in train} == {r["label"] for r in sel} == {str(i) for i in range(classes)}
+    listed = (data / t.folder / "labels.txt").read_text().lower()
+    assert all(c in listed for c in t.classes)
+    args = study.parse_args(["--out", str(tmp_path / "o")])
+    over = study.study_overrides(args, "fastfit", [], task, 8, f, "fastfit")
+    names = json.loads(next(o for o in over if o.startswith("data.label_descriptions=")).split("=", 1)[1])
+    assert names == {str(i): c for i, c in enumerate(t.classes)}
+    assert not any(o.startswith("data.label_descriptions") for o in study.study_overrides(args, "ce", [], task, 8, f, "ce"))
+    from finetune_cli.pipelines.recipes import load_plan
+
+    load_plan("fewshot/fastfit", over)  # the row's recipe validates with the names
