@@ -95,7 +95,10 @@ def run_eval(model_name: str, plan: Plan, ui, *, device: str = "auto", precision
     with ui.progress(len(enc), "eval", transient=True) as prog:
         outs = sess.forward(enc, batch_size or recipe.train.eval_batch_size, want=want, progress=prog)
     logits = outs["logits"]
-    metrics = task_metrics(lt, logits, enc.labels, spec.threshold)
+    left_out: dict[str, str] = {}
+    metrics = task_metrics(lt, logits, enc.labels, spec.threshold, left_out)
+    for why in dict.fromkeys(left_out.values()):
+        ui.warn(f"{', '.join(k for k, v in left_out.items() if v == why)} not computed: {why}")
     res = EvalResult(model=path, data=data.eval.source, examples=len(enc), metrics=metrics, precision=sess.precision)
     if lt == "class":
         from finetune_cli.pipelines.eval_details import classification_details

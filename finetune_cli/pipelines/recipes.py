@@ -123,6 +123,11 @@ def validate_recipe(recipe: R) -> R:
     problem = resolve_problem_type(recipe, cls)
     if problem is not None and problem != recipe.model.problem_type:
         recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, problem_type=problem))
+    data = getattr(recipe, "data", None)
+    if data is not None and data.eval_fraction is not None and (cls.evaluation != "classifier" or
+                                                                 "label" not in cls.required_columns):
+        raise RecipeError(f"`data.eval_fraction` in {recipe.source}: objective `{obj.name}` is not evaluated on "
+                          f"labelled rows of its training data; name the evaluation file with data.eval")
     names = _training_metrics(cls, cls.label_type_for(problem), recipe.train.refit_head)
     train, metric = recipe.train, recipe.train.metric
     if metric is None:
