@@ -21,6 +21,12 @@ def predict_cmd(
     pair_column: Annotated[Optional[str], typer.Option("--pair-column", help="Second text column (sentence pairs).")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 64,
     max_length: Annotated[Optional[int], typer.Option("--max-length", min=1, help="Default: the length the model was trained with, else 512.")] = None,
+    truncation: Annotated[Optional[str], typer.Option(
+        "--truncation", help="head | tail | head_tail: which tokens a row longer than the length keeps (head_tail: "
+                             "the first quarter and the last three quarters). Default: the model's training rule.")] = None,
+    stride: Annotated[Optional[int], typer.Option(
+        "--stride", min=0, help="Read a row longer than the length in overlapping windows sharing this many "
+                                "tokens and average their logits, instead of cutting it (single texts only).")] = None,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
     json_out: JsonOpt = False,
@@ -32,7 +38,7 @@ def predict_cmd(
 
     ui = UI(quiet=quiet)
     res = run_predict(model, input, output, ui, column=column, pair_column=pair_column, batch_size=batch_size,
-                      max_length=max_length, device=device, precision=precision)
+                      max_length=max_length, device=device, precision=precision, truncation=truncation, stride=stride)
     if json_out:
         emit_json(res.to_dict())
     else:

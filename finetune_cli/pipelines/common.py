@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_cli.data import EncodedData, TaskData, encode_table, load_task_data
-from finetune_cli.engine.evaluation import make_classifier_eval, make_similarity_eval
+from finetune_cli.data.encode import length_note
+from finetune_cli.engine.evaluation import TEXT_COLUMNS, make_classifier_eval, make_similarity_eval
 from finetune_cli.pipelines.recipes import Plan
 from finetune_cli.recipe import Recipe
 
@@ -44,8 +45,20 @@ def load_data(plan: Plan, data_dir: Optional[Path], need_train: bool = True, nee
                           lt == "class" else 1)
 
 
-def encode(plan: Plan, table, tokenizer) -> EncodedData:
-    return encode_table(table, tokenizer, plan.recipe.model.max_length, plan.text_columns, joint=plan.joint)
+def encode(plan: Plan, table, tokenizer, ui=None) -> EncodedData:
+    """``table`` tokenised as the plan says (length, truncation rule, columns); the rows longer than
+    ``model.max_length`` are a warning line on ``ui``."""
+    m = plan.recipe.model
+    enc = encode_table(table, tokenizer, m.max_length, plan.text_columns, joint=plan.joint, truncation=m.truncation)
+    warn_long_rows(enc, plan, table, ui)
+    return enc
+
+
+def warn_long_rows(enc: EncodedData, plan: Plan, table, ui) -> None:
+    m = plan.recipe.model
+    note = length_note(enc, f"model.max_length={m.max_length}", f"model.truncation={m.truncation}")
+    if note and ui is not None:
+        ui.warn(f"{table.source}: {note}")
 
 
 def load_similarity_data(recipe: Recipe, data_dir: Optional[Path]):
@@ -60,27 +73,31 @@ def load_similarity_data(recipe: Recipe, data_dir: Optional[Path]):
                           need_train=False, need_eval=True).eval
 
 
-def _classifier_evaluator(plan: Plan, data: TaskData, tokenizer, pad_id: int, data_dir):
+def _classifier_evaluator(plan: Plan, data: TaskData, tokenizer, pad_id: int, data_dir, ui=None):
     cls, recipe = plan.objective_cls, plan.recipe
     if data.eval is None or not cls.needs_classifier or cls.label_type is None:
         return None
-    return make_classifier_eval(encode(plan, data.eval, tokenizer), plan.label_type,
+    return make_classifier_eval(encode(plan, data.eval, tokenizer, ui), plan.label_type,
                                 recipe.train.eval_batch_size, pad_id, recipe.model.threshold)
 
 
-def _similarity_evaluator(plan: Plan, data: TaskData, tokenizer, pad_id: int, data_dir):
+def _similarity_evaluator(plan: Plan, data: TaskData, tokenizer, pad_id: int, data_dir, ui=None):
     recipe = plan.recipe
     table = load_similarity_data(recipe, data_dir)
     if table is None:
         return None
-    return make_similarity_eval(table, tokenizer, recipe.model.max_length, recipe.train.eval_batch_size, pad_id)
+    m = recipe.model
+    enc = encode_table(table, tokenizer, m.max_length, TEXT_COLUMNS, joint=False, truncation=m.truncation)
+    warn_long_rows(enc, plan, table, ui)
+    return make_similarity_eval(enc, recipe.train.eval_batch_size, pad_id)
 
 
 @dataclass(frozen=True)
 class Evaluator:
     """How training is evaluated, chosen by the objective's ``evaluation`` attribute.
 
-    ``build(plan, data, tokenizer, pad_id, data_dir) -> evaluate(model) | None``;
+    ``build(plan, data, tokenizer, pad_id, data_dir, ui=None) -> evaluate(model) | None`` (``ui``: where
+    the rows longer than ``model.max_length`` are reported);
     ``own_data``: it reads ``data.eval`` itself, so the objective's contract does not apply to it.
     """
 

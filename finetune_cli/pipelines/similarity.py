@@ -60,6 +60,8 @@ def run_eval_similarity(model_name: str, plan: Plan, ui, *, device: str = "auto"
     sess = open_session(model_name, device=device, precision=precision, max_length=recipe.model.max_length,
                         length_key="model.max_length")
     enc = sess.encode(table, ("text", "text_pair"), joint=False)
+    if (note := sess.length_note()) is not None:
+        ui.warn(f"{table.source}: {note}")
     bs = batch_size or recipe.train.eval_batch_size
     with ui.progress(len(enc), "embed", transient=True) as prog:
         a = sess.forward(enc, bs, view=0, want=("embeddings",), progress=prog)["embeddings"]

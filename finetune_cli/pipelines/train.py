@@ -181,10 +181,11 @@ def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui
     recipe = plan.recipe
     pid = pad_id(tokenizer)
     t0 = time.perf_counter()
-    train_enc = encode(plan, data.train, tokenizer)
-    eval_fn = EVALUATORS[plan.evaluation].build(plan, data, tokenizer, pid, data_dir)
+    train_enc = encode(plan, data.train, tokenizer, ui)
+    eval_fn = EVALUATORS[plan.evaluation].build(plan, data, tokenizer, pid, data_dir, ui=ui)
     ui.log(f"tokenised in {time.perf_counter() - t0:.1f}s (max_length {recipe.model.max_length})")
-    meta = {"objective": plan.objective_name, "label_type": plan.label_type, "max_length": recipe.model.max_length}
+    meta = {"objective": plan.objective_name, "label_type": plan.label_type, "max_length": recipe.model.max_length,
+            "truncation": recipe.model.truncation}
     holder: dict[str, Trainer] = {}
 
     def save_model(m, out: Path) -> None:
