@@ -103,6 +103,8 @@ def _setup_data(plan: Plan, data_dir: Optional[Path], ui) -> TaskData:
     for note in data.notes:
         ui.warn(note)
     _check_metric_defined(plan, data)
+    # the data-dependent hyper-parameters (ce's class_weights) checked now: one line, before the echo
+    plan.build_objective().bind_labels(data.train.columns.get("label"), data.num_labels)
     # After the data loaded: a data error is one line, not the recipe echo and then the error.
     ui.rule(f"finetune train · {plan.objective_name} · {plan.run_dir}")
     ui.log(plan.recipe.to_yaml().rstrip())
@@ -193,7 +195,9 @@ def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui
         save_text_model(m, tokenizer, out, id2label=data.id2label or None, extra=meta,
                         max_length=recipe.model.max_length, card=model_card_info(plan, data, st))
 
-    holder["trainer"] = Trainer(model, plan.build_objective(), train_enc, recipe.train, run.path, pad_id=pid,
+    objective = plan.build_objective()
+    objective.bind_labels(train_enc.labels, data.num_labels)
+    holder["trainer"] = Trainer(model, objective, train_enc, recipe.train, run.path, pad_id=pid,
                                 save_model=save_model, evaluate=eval_fn, ui=ui, recipe_yaml=recipe.to_yaml(),
                                 device=device, sampler=plan.sampler, callbacks=callbacks)
     return holder["trainer"]
