@@ -16,10 +16,10 @@ from finetune_cli.cli.common import (
     Overrides,
     PrecisionOpt,
     QuietOpt,
+    StrideOpt,
     emit_json,
     handle_errors,
 )
-from finetune_cli.errors import FinetuneError
 from finetune_cli.ui import UI
 
 
@@ -38,10 +38,7 @@ def eval_cmd(
         "--out", help="Folder for eval.json and figures/ (default: the run directory evaluated).")] = None,
     no_figures: Annotated[bool, typer.Option("--no-figures", help="Skip the reliability and t-SNE PNGs.")] = False,
     tsne_max: Annotated[int, typer.Option("--tsne-max", min=4, help="Most points in the t-SNE picture.")] = 2000,
-    stride: Annotated[Optional[int], typer.Option(
-        "--stride", min=0, help="Classifier: read a row longer than model.max_length in overlapping windows sharing "
-                                "this many tokens and average their logits, instead of cutting it (single texts "
-                                "only).")] = None,
+    stride: StrideOpt = None,
     expect: ExpectOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -59,11 +56,8 @@ def eval_cmd(
     from finetune_cli.pipelines.similarity import run_eval_similarity, wants_similarity
 
     if wants_similarity(model, plan):  # embedding model: STS metrics
-        if stride is not None:
-            raise FinetuneError("--stride applies to a classifier; an embedding model is evaluated on sentence "
-                                "pairs, cut by model.truncation")
         res = run_eval_similarity(model, plan, ui, device=device, precision=precision, data_dir=data_dir,
-                                  batch_size=batch_size)
+                                  batch_size=batch_size, stride=stride)
         _render_similarity(res, ui, json_out)
         enforce(gates, res.metrics, ui)
         return

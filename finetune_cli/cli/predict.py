@@ -6,7 +6,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from finetune_cli.cli.common import DeviceOpt, JsonOpt, PrecisionOpt, QuietOpt, emit_json, handle_errors
+from finetune_cli.cli.common import (
+    DeviceOpt,
+    JsonOpt,
+    PrecisionOpt,
+    QuietOpt,
+    StrideOpt,
+    emit_json,
+    handle_errors,
+)
 from finetune_cli.ui import UI
 
 
@@ -24,9 +32,7 @@ def predict_cmd(
     truncation: Annotated[Optional[str], typer.Option(
         "--truncation", help="head | tail | head_tail: which tokens a row longer than the length keeps (head_tail: "
                              "the first quarter and the last three quarters). Default: the model's training rule.")] = None,
-    stride: Annotated[Optional[int], typer.Option(
-        "--stride", min=0, help="Read a row longer than the length in overlapping windows sharing this many "
-                                "tokens and average their logits, instead of cutting it (single texts only).")] = None,
+    stride: StrideOpt = None,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
     json_out: JsonOpt = False,

@@ -13,6 +13,7 @@ from typing import Any, Optional
 from finetune_cli.data import EncodedData, TaskData, encode_table, load_task_data
 from finetune_cli.data.encode import length_note
 from finetune_cli.engine.evaluation import TEXT_COLUMNS, make_classifier_eval, make_similarity_eval
+from finetune_cli.errors import RecipeError
 from finetune_cli.pipelines.recipes import Plan
 from finetune_cli.recipe import Recipe
 
@@ -39,10 +40,10 @@ def load_data(plan: Plan, data_dir: Optional[Path], need_train: bool = True, nee
             train = subsample(train, cfg.max_train_samples, cfg.seed if cfg.seed is not None else recipe.train.seed)
         return TaskData(train, None, None, None)
     lt = plan.label_type
-    return load_task_data(cfg, seed=recipe.train.seed, label_type=lt,
-                          required_columns=required, data_dir=data_dir,
-                          need_train=need_train, need_eval=need_eval, min_classes=cls.min_classes if
-                          lt == "class" else 1)
+    td = load_task_data(cfg, seed=recipe.train.seed, label_type=lt, required_columns=required, data_dir=data_dir,
+                        need_train=need_train, need_eval=need_eval, min_classes=cls.min_classes if lt == "class" else 1)
+    check_training_data(plan, td)  # before any model loads (and before `train` echoes the recipe)
+    return td
 
 
 def encode(plan: Plan, table, tokenizer, ui=None) -> EncodedData:
@@ -59,6 +60,21 @@ def warn_long_rows(enc: EncodedData, plan: Plan, table, ui) -> None:
     note = length_note(enc, f"model.max_length={m.max_length}", f"model.truncation={m.truncation}")
     if note and ui is not None:
         ui.warn(f"{table.source}: {note}")
+
+
+def check_training_data(plan: Plan, data: TaskData) -> None:
+    """What the loaded data decides about the recipe, refused before training: a ``train.metric``
+    the evaluation rows leave undefined (an AUC with a class absent), and the objective's
+    data-dependent hyper-parameters (``ce``'s ``class_weights``)."""
+    if data.eval is not None and plan.label_type == "class":
+        from finetune_cli.metrics.classification import undefined_metrics
+
+        why = undefined_metrics(data.eval.columns["label"], data.num_labels).get(plan.recipe.train.metric or "")
+        if why:
+            raise RecipeError(f"train.metric={plan.recipe.train.metric} is undefined on {data.eval.source}: {why}; "
+                              f"choose another train.metric")
+    if data.train is not None:
+        plan.build_objective(data.train.columns.get("label", []), data.num_labels)
 
 
 def load_similarity_data(recipe: Recipe, data_dir: Optional[Path]):

@@ -64,8 +64,12 @@ class Plan:
     def run_dir(self) -> Path:
         return self.recipe.run_dir
 
-    def build_objective(self) -> Objective:
-        return self.objective_cls(**dict(self.recipe.objective.params))
+    def build_objective(self, labels: Any = None, num_labels: int = 0) -> Objective:
+        """The objective; given the training labels, bound to them (``Objective.bind_labels``)."""
+        obj = self.objective_cls(**dict(self.recipe.objective.params))
+        if labels is not None:
+            obj.bind_labels(labels, num_labels)
+        return obj
 
     def head_spec(self, num_labels: int, encoder_dropout: float) -> HeadSpec:
         """The heads the objective needs on an encoder whose hidden dropout is ``encoder_dropout``."""

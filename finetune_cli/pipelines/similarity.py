@@ -52,7 +52,11 @@ def similarity_metrics(a: np.ndarray, b: np.ndarray, gold: np.ndarray, texts_a: 
 
 
 def run_eval_similarity(model_name: str, plan: Plan, ui, *, device: str = "auto", precision: str = "auto",
-                        data_dir: Optional[str] = None, batch_size: Optional[int] = None) -> EvalResult:
+                        data_dir: Optional[str] = None, batch_size: Optional[int] = None,
+                        stride: Optional[int] = None) -> EvalResult:
+    if stride is not None:
+        raise DataError("--stride applies to a classifier; an embedding model is evaluated on sentence pairs, "
+                        "cut by model.truncation")
     recipe = plan.recipe
     table = load_similarity_data(recipe, data_dir_from_env(data_dir))
     if table is None:

@@ -10,7 +10,6 @@ a different recipe there is refused unless ``overwrite``, and ``--resume`` of an
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from finetune_cli.engine.device import resolve_device, resolve_precision
 from finetune_cli.engine.distributed import Processes, init_distributed, refuse_sharding
 from finetune_cli.engine.inference import pad_id
 from finetune_cli.engine.rng import seed_everything
-from finetune_cli.errors import RecipeError, RunDirError, TrainingError
+from finetune_cli.errors import RunDirError, TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
 from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
 from finetune_cli.pipelines.common import EVALUATORS, encode, load_data, model_card_info
@@ -89,7 +88,7 @@ def _setup(plan: Plan, run: RunDir, ui, procs: Processes, *, device: str, data_d
     ck = _resume_point(plan, run, resume, ui)
     run.path.mkdir(parents=True, exist_ok=True)
     if procs.is_main:
-        _record_split(run, data, resuming=ck is not None)
+        run.record_split(data.split, resuming=ck is not None)
         atomic_write_text(run.recipe_file, plan.recipe.to_yaml())
     model, tokenizer = _setup_model(plan, ck, data, ui)
     trainer = _setup_trainer(plan, run, data, model, tokenizer, ui, device=device, data_dir=data_dir,
@@ -102,51 +101,12 @@ def _setup_data(plan: Plan, data_dir: Optional[Path], ui) -> TaskData:
     assert data.train is not None
     for note in data.notes:
         ui.warn(note)
-    _check_metric_defined(plan, data)
-    # the data-dependent hyper-parameters (ce's class_weights) checked now: one line, before the echo
-    plan.build_objective().bind_labels(data.train.columns.get("label"), data.num_labels)
     # After the data loaded: a data error is one line, not the recipe echo and then the error.
     ui.rule(f"finetune train · {plan.objective_name} · {plan.run_dir}")
     ui.log(plan.recipe.to_yaml().rstrip())
     ui.log(f"data: {len(data.train)} train" + (f", {len(data.eval)} eval" if data.eval is not None else "")
            + (f"; labels: {', '.join(data.label_names)}" if data.label_names else ""))
     return data
-
-
-SPLIT_FILE = "split.json"
-
-
-def _record_split(run: RunDir, data: TaskData, *, resuming: bool) -> None:
-    """``split.json``: the training and evaluation rows ``data.eval_fraction`` drew. A resumed run
-    must train and evaluate on the rows it started with: a different draw now (the training file
-    changed) is refused, naming the file."""
-    if data.split is None:
-        return
-    f = run.path / SPLIT_FILE
-    if resuming and f.is_file():
-        try:
-            stored = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            stored = None
-        if stored != data.split:
-            raise RunDirError(f"{f} records another evaluation split than data.eval_fraction draws from "
-                              f"{data.split['source']} now (has the training file changed?); restore it, or "
-                              f"pass --overwrite to start again")
-        return
-    atomic_write_json(f, data.split)
-
-
-def _check_metric_defined(plan: Plan, data: TaskData) -> None:
-    """A ``train.metric`` the evaluation rows leave undefined (an AUC with a class absent) is refused
-    before training, not at the first evaluation."""
-    if data.eval is None or plan.label_type != "class":
-        return
-    from finetune_cli.metrics.classification import undefined_metrics
-
-    why = undefined_metrics(data.eval.columns["label"], data.num_labels).get(plan.recipe.train.metric or "")
-    if why:
-        raise RecipeError(f"train.metric={plan.recipe.train.metric} is undefined on {data.eval.source}: {why}; "
-                          f"choose another train.metric")
 
 
 def _resume_point(plan: Plan, run: RunDir, resume: Optional[str], ui) -> Optional[Path]:
@@ -186,8 +146,8 @@ def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui
     train_enc = encode(plan, data.train, tokenizer, ui)
     eval_fn = EVALUATORS[plan.evaluation].build(plan, data, tokenizer, pid, data_dir, ui=ui)
     ui.log(f"tokenised in {time.perf_counter() - t0:.1f}s (max_length {recipe.model.max_length})")
-    meta = {"objective": plan.objective_name, "label_type": plan.label_type, "max_length": recipe.model.max_length,
-            "truncation": recipe.model.truncation}
+    meta = {"objective": plan.objective_name, "label_type": plan.label_type,
+            **{k: getattr(recipe.model, k) for k in ("max_length", "truncation")}}
     holder: dict[str, Trainer] = {}
 
     def save_model(m, out: Path) -> None:
@@ -195,9 +155,7 @@ def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui
         save_text_model(m, tokenizer, out, id2label=data.id2label or None, extra=meta,
                         max_length=recipe.model.max_length, card=model_card_info(plan, data, st))
 
-    objective = plan.build_objective()
-    objective.bind_labels(train_enc.labels, data.num_labels)
-    holder["trainer"] = Trainer(model, objective, train_enc, recipe.train, run.path, pad_id=pid,
+    holder["trainer"] = Trainer(model, plan.build_objective(train_enc.labels, data.num_labels), train_enc, recipe.train, run.path, pad_id=pid,
                                 save_model=save_model, evaluate=eval_fn, ui=ui, recipe_yaml=recipe.to_yaml(),
                                 device=device, sampler=plan.sampler, callbacks=callbacks)
     return holder["trainer"]
