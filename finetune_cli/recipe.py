@@ -57,6 +57,10 @@ class LoraConfig:
                                                      "for the architecture (query and value for BERT/RoBERTa)")
 
 
+# ``model.truncation``: which tokens of a too-long row are kept (``data/encode.py`` cuts them).
+TRUNCATION_RULES = ("head", "tail", "head_tail")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Which encoder to fine-tune and how sentences become vectors."""
@@ -75,6 +79,9 @@ class ModelConfig:
     head_normalize: bool = field_spec(False, help="pooled head only: L2-normalise the pooled embedding before dropout -> linear (the unit-sphere features a contrastive term shapes and SetFit's head reads)")
     problem_type: str = field_spec("auto", choices=("auto", "single_label_classification", "regression", "multi_label_classification"), help="as transformers' config.problem_type; auto: multi-label when data.label_separator is set, regression for a regression GLUE task (glue:stsb), else single-label")
     threshold: float = field_spec(0.5, gt=0.0, lt=1.0, help="multi-label: a label is predicted when its sigmoid probability >= threshold")
+    truncation: str = field_spec("head", choices=TRUNCATION_RULES, help="which tokens a row longer than max_length "
+                                 "keeps: head (the first), tail (the last), head_tail (the first quarter of the budget "
+                                 "and the last three quarters, Sun et al. 2019); saved with the model for predict/eval")
     lora: Optional[LoraConfig] = field_spec(None, help="train low-rank adapters instead of every weight; the "
                                             "saved folders are peft adapter folders (pip install 'finetune-cli[lora]')")
 
@@ -99,6 +106,10 @@ class DataConfig:
     eval: Optional[str] = field_spec(None, help="local evaluation file")
     train_split: str = field_spec("train", help="split of `dataset` to train on")
     eval_split: str = field_spec("validation", help="split of `dataset` to evaluate on")
+    eval_fraction: Optional[float] = field_spec(None, gt=0.0, lt=1.0, help="carve an evaluation split from the "
+                                                "training data: this share of its rows, stratified by label, seeded "
+                                                "(data.seed, else train.seed); recorded in the run's split.json; "
+                                                "exclusive with data.eval (with data.dataset it replaces eval_split)")
     format: str = field_spec("auto", choices=("auto", "csv", "tsv", "jsonl", "json", "parquet", "txt"),
                              help="format of the local files; auto = from the file extension")
     header: str = field_spec("auto", choices=("auto", "yes", "no"), help="csv/tsv: is the first row a header; auto = "
@@ -238,8 +249,8 @@ class Recipe(_Plain):
         d["train"].pop("report_to", None)  # where metrics are also sent does not change the run
         # Keys added after runs were made, at their default, change no run: those runs (and the study's
         # ledger cells keyed by this) keep their fingerprint.
-        for section, key in ADDED_KEYS:
-            if d.get(section, {}).get(key, 0) is None:
+        for section, key, default in ADDED_KEYS:
+            if key in d.get(section, {}) and d[section][key] == default:
                 d[section].pop(key)
         return d
 
@@ -249,7 +260,8 @@ class Recipe(_Plain):
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-ADDED_KEYS = (("data", "label_descriptions"),)
+# (section, key, default) of the keys added since the first runs and ledger cells were made
+ADDED_KEYS = (("data", "label_descriptions", None), ("data", "eval_fraction", None), ("model", "truncation", "head"))
 
 
 def _stem(source: str, default: str) -> str:
@@ -294,6 +306,15 @@ TRAINER_NAMES: dict[str, str] = {
 }
 
 
+# Names from other libraries' vocabularies (Keras, scikit-learn) -> our key and what it means.
+OTHER_NAMES: dict[str, tuple[str, str]] = {
+    "validation_split": ("data.eval_fraction", "a share of the training rows held out, not a split name"),
+    "validation_fraction": ("data.eval_fraction", "a share of the training rows held out"),
+    "test_size": ("data.eval_fraction", "a share of the training rows held out"),
+    "val_split": ("data.eval_fraction", "a share of the training rows held out"),
+}
+
+
 def closest(key: str, options: Sequence[str], listing: Optional[str] = "valid keys") -> str:
     """The hint for an unknown ``key``: its name in our vocabulary when it is a transformers Trainer
     name, else the one option it begins, else the closest spelling, else ``; <listing>: <options>``
@@ -301,6 +322,8 @@ def closest(key: str, options: Sequence[str], listing: Optional[str] = "valid ke
     ours = TRAINER_NAMES.get(key.rsplit(".", 1)[-1])
     if ours and ours.split("=")[0] != key:  # (`train.seed` is our own key)
         return f"; did you mean `{ours}`? (`{key.rsplit('.', 1)[-1]}` is a transformers Trainer name)"
+    if (other := OTHER_NAMES.get(key.rsplit(".", 1)[-1])) and other[0] != key:
+        return f"; did you mean `{other[0]}`? ({other[1]})"
 
     prefixed = [o for o in options if key and str(o).startswith(key)]
     if len(prefixed) == 1:
@@ -556,6 +579,9 @@ def _cross_checks(r: Recipe) -> None:
     d, src = r.data, r.source
     if d.dataset and (d.train or d.eval):
         raise RecipeError(f"`data.dataset` and `data.train`/`data.eval` in {src} are exclusive; use one")
+    if d.eval_fraction is not None and d.eval is not None:
+        raise RecipeError(f"`data.eval_fraction` and `data.eval` in {src} are exclusive: the evaluation rows come "
+                          f"from the training data or from a file; use one")
     if d.few_shot and d.max_train_samples:
         raise RecipeError(f"`data.few_shot` and `data.max_train_samples` in {src} are exclusive; use one")
     if r.model.head_normalize and r.model.head == "native":  # (a labels head is always normalised)

@@ -35,6 +35,7 @@ from finetune_cli.recipe import Recipe, build_recipe
 RECIPE = "recipe.yaml"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+SPLIT = "split.json"  # data.eval_fraction's training and evaluation rows
 EVAL = "eval.json"  # `finetune eval` of the run on its own evaluation data
 BEST = "best"
 BEST_METRICS = "eval_metrics.json"  # in best/: the evaluation that made it the best
@@ -272,6 +273,27 @@ class RunDir:
 
     def is_complete(self) -> bool:
         return self.summary_file.is_file()
+
+    def record_split(self, split: Optional[Mapping[str, Any]], *, resuming: bool) -> None:
+        """``split.json``: the training and evaluation rows ``data.eval_fraction`` drew (None: no
+        split). A resumed run must train and evaluate on the rows it started with: a different draw
+        now (the training file changed) is refused, naming the file."""
+        from finetune_cli.fsutil import atomic_write_json
+
+        if split is None:
+            return
+        f = self.path / SPLIT
+        if resuming and f.is_file():
+            try:
+                stored = json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                stored = None
+            if stored != dict(split):
+                raise RunDirError(f"{f} records another evaluation split than data.eval_fraction draws from "
+                                  f"{split.get('source')} now (has the training file changed?); restore it, or "
+                                  f"pass --overwrite to start again")
+            return
+        atomic_write_json(f, dict(split))
 
     # ---- what it holds -------------------------------------------------------------------------
     def read_recipe(self) -> Recipe:

@@ -6,7 +6,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from finetune_cli.cli.common import DeviceOpt, JsonOpt, PrecisionOpt, QuietOpt, View, command
+from finetune_cli.cli.common import (
+    DeviceOpt,
+    JsonOpt,
+    PrecisionOpt,
+    QuietOpt,
+    StrideOpt,
+    View,
+    command,
+)
 from finetune_cli.ui import UI
 
 
@@ -22,6 +30,10 @@ def predict_cmd(
     pair_column: Annotated[Optional[str], typer.Option("--pair-column", help="Second text column (sentence pairs).")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 64,
     max_length: Annotated[Optional[int], typer.Option("--max-length", min=1, help="Default: the length the model was trained with, else 512.")] = None,
+    truncation: Annotated[Optional[str], typer.Option(
+        "--truncation", help="head | tail | head_tail: which tokens a row longer than the length keeps (head_tail: "
+                             "the first quarter and the last three quarters). Default: the model's training rule.")] = None,
+    stride: StrideOpt = None,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
     json_out: JsonOpt = False,
@@ -32,7 +44,7 @@ def predict_cmd(
     from finetune_cli.pipelines.predict import run_predict
 
     res = run_predict(model, input, output, ui, column=column, pair_column=pair_column, batch_size=batch_size,
-                      max_length=max_length, device=device, precision=precision)
+                      max_length=max_length, device=device, precision=precision, truncation=truncation, stride=stride)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(res.predicted.items()))
     return View(res.to_dict(), lambda ui: ui.print(
         f"wrote {res.output} ({res.rows} rows, {res.problem_type})" + (f": {counts}" if counts else "")))

@@ -6,6 +6,22 @@ and the texts themselves, so a rerun or a resumed run skips it. The cache is a p
 integer arrays read with ``allow_pickle=False``: a cache file someone else wrote can be wrong at
 worst (then it is recomputed), never code. ``collate`` pads a batch to its
 own longest row (dynamic padding), which with length-grouped batches wastes few tokens.
+
+**Long rows.** Every row is tokenised whole, then a row longer than ``max_length`` is cut here,
+once, for every command, and counted (``EncodedData.cut``, reported by :func:`length_note`). The
+special tokens always stay; of the text tokens the rule (``model.truncation``) keeps:
+
+* ``head``: the first ``B`` (``B`` = ``max_length`` less the special tokens), as tokenizers do;
+* ``tail``: the last ``B``;
+* ``head_tail``: the first ``B // 4`` and the last ``B - B // 4`` (Sun et al. 2019, "How to
+  Fine-Tune BERT for Text Classification?", arXiv 1905.05583, keep the first 128 and the last 382
+  of 510: a quarter and three quarters, generalised to any length).
+
+A jointly encoded pair shares ``B`` as tokenizers' ``longest_first`` does: the longer text is cut
+until both are equally long, then both (an odd token to the longer, to the second on a tie); each text's share is
+then taken by the rule. With ``stride`` (``predict``/``eval --stride N``) a long single text is not
+cut but read in overlapping windows of ``B`` text tokens, consecutive windows sharing ``N`` tokens
+(tokenizers' ``stride``); ``EncodedData.window_rows`` maps each window to its row.
 """
 
 from __future__ import annotations
@@ -24,6 +40,7 @@ import numpy as np
 import torch
 
 from finetune_cli.data.sources import Table
+from finetune_cli.errors import DataError
 
 T = TypeVar("T")
 
@@ -38,21 +55,130 @@ class EncodedData:
     views: list[dict[str, list[list[int]]]]
     labels: Optional[np.ndarray]
     lengths: np.ndarray  # longest view per example, for length grouping
+    # rows longer than max_length (cut, or read in windows), out of ``rows``; of the windows, their row
+    cut: int = 0
+    window_rows: Optional[np.ndarray] = None
     # (view, key) -> _Flat, built on first use by ``collate``
     _flat_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.lengths)
 
+    @property
+    def rows(self) -> int:
+        """Rows encoded (``len`` counts windows when a long row was read in several)."""
+        return len(self.lengths) if self.window_rows is None else int(self.window_rows.max(initial=-1)) + 1
+
+    @property
+    def row_labels(self) -> Optional[np.ndarray]:
+        """One label per row (windows repeat their row's)."""
+        if self.labels is None or self.window_rows is None:
+            return self.labels
+        first = np.unique(self.window_rows, return_index=True)[1]
+        return self.labels[first]
+
+
+def length_note(data: EncodedData, length: str, rule: str, stride: Optional[int] = None) -> Optional[str]:
+    """The warning line for the rows longer than the length, e.g. ``12 of 300 rows longer than
+    model.max_length=64 were cut (model.truncation=head)``; None when no row was."""
+    if not data.cut:
+        return None
+    if data.window_rows is not None and stride is not None:
+        return (f"{data.cut} of {data.rows} rows longer than {length} were read in {len(data)} overlapping "
+                f"windows sharing {stride} tokens, their outputs averaged (--stride {stride})")
+    return f"{data.cut} of {data.rows} rows longer than {length} were cut ({rule})"
+
+
+TRUNCATIONS = ("head", "tail", "head_tail")
+
+
+def shares(lengths: list[int], budget: int) -> list[int]:
+    """Text tokens each text of a row keeps within ``budget`` (tokenizers' ``longest_first``: the
+    longer text is cut until both are equally long, then both; an odd token goes to the longer, the second on a tie)."""
+    if sum(lengths) <= budget:
+        return list(lengths)
+    if len(lengths) == 1:
+        return [budget]
+    a, b = lengths
+    short = min(a, b)
+    if 2 * short <= budget:
+        return [a, budget - a] if a == short else [budget - b, b]
+    half, rest = budget // 2, budget - budget // 2
+    return [rest, half] if a > b else [half, rest]
+
+
+def pick(positions: list[int], keep: int, rule: str) -> list[int]:
+    """``keep`` of ``positions`` by the truncation rule (see the module docstring)."""
+    if keep >= len(positions):
+        return positions
+    if keep <= 0:
+        return []
+    if rule == "head":
+        return positions[:keep]
+    if rule == "tail":
+        return positions[len(positions) - keep:]
+    head = keep // 4
+    return positions[:head] + positions[len(positions) - (keep - head):]
+
+
+def _segments(seq_ids: list[Optional[int]]) -> tuple[list[list[int]], list[int]]:
+    """Positions of each text's tokens (in text order) and of the special tokens."""
+    texts: dict[int, list[int]] = {}
+    special = []
+    for p, s in enumerate(seq_ids):
+        if s is None:
+            special.append(p)
+        else:
+            texts.setdefault(s, []).append(p)
+    return [texts[k] for k in sorted(texts)], special
+
+
+def _seq_ids(enc, i: int, special_mask: Optional[list[int]]) -> list[Optional[int]]:
+    """Which text each token of row ``i`` belongs to (None: a special token): the fast tokenizer's
+    ``sequence_ids``, else the runs of non-special tokens numbered in order."""
+    if getattr(enc, "is_fast", False):
+        return enc.sequence_ids(i)
+    out: list[Optional[int]] = []
+    seg, prev = -1, True
+    for m in special_mask or []:
+        if m:
+            out.append(None)
+        else:
+            seg += prev
+            out.append(seg)
+        prev = bool(m)
+    return out
+
+
+def _windows(seq_ids: list[Optional[int]], max_length: int, stride: int) -> list[list[int]]:
+    """Positions of each window of a long single text: its special tokens around ``B`` text tokens,
+    consecutive windows sharing ``stride`` of them."""
+    (text, *more), special = _segments(seq_ids)
+    if more:
+        raise ValueError("windows of a pair")
+    budget = max_length - len(special)
+    if not 0 <= stride < budget:
+        raise DataError(f"--stride {stride} must be below the text tokens a window holds ({budget}: the length "
+                        f"{max_length} less {len(special)} special tokens)")
+    before = [p for p in special if p < text[0]]
+    after = [p for p in special if p > text[0]]
+    step, out, start = budget - stride, [], 0
+    while True:
+        out.append(before + text[start:start + budget] + after)
+        if start + budget >= len(text):
+            return out
+        start += step
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "finetune_cli")) / "tokens"
 
 
-def _cache_key(tokenizer, max_length: int, texts: list[list[str]], joint: bool) -> str:
+def _cache_key(tokenizer, max_length: int, texts: list[list[str]], joint: bool, truncation: str = "head",
+               stride: Optional[int] = None) -> str:
     h = hashlib.sha256()
     h.update(f"{getattr(tokenizer, 'name_or_path', '')}|{len(tokenizer)}|{type(tokenizer).__name__}|"
-             f"{max_length}|{joint}|{tokenizer.padding_side}".encode())
+             f"{max_length}|{joint}|{tokenizer.padding_side}|{truncation}|{stride}".encode())
     for col in texts:
         for t in col:
             h.update(t.encode("utf-8", "replace"))
@@ -61,23 +187,56 @@ def _cache_key(tokenizer, max_length: int, texts: list[list[str]], joint: bool) 
     return h.hexdigest()[:32]
 
 
-def _tokenize(tokenizer, a: list[str], b: Optional[list[str]], max_length: int,
-              step: int = 512) -> dict[str, list[list[int]]]:
-    """Token ids (and type ids) of every row, tokenised ``step`` rows at a time: a fast tokenizer's
-    per-token objects for a whole table would cost far more memory than the ids kept."""
+def _tokenize(tokenizer, a: list[str], b: Optional[list[str]], max_length: int, truncation: str = "head",
+              stride: Optional[int] = None, step: int = 512) -> tuple[dict[str, list[list[int]]], np.ndarray,
+                                                                       Optional[np.ndarray]]:
+    """Token ids (and type ids) of every row (or window), whether each row was longer than
+    ``max_length``, and (``stride``) the row of each window. Rows are tokenised whole, ``step`` at a
+    time (a fast tokenizer's per-token objects for a whole table would cost far more memory than
+    the ids kept), then cut (or windowed) here: see the module docstring."""
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"truncation must be one of {TRUNCATIONS}, got {truncation!r}")
     out: dict[str, list[list[int]]] = {"input_ids": []}
+    long = np.zeros(len(a), dtype=bool)
+    rows: Optional[list[int]] = [] if stride is not None else None
     for i in range(0, len(a), step):
-        enc = tokenizer(a[i:i + step], b[i:i + step] if b is not None else None, truncation=True,
-                        max_length=max_length, padding=False, return_attention_mask=False)
-        for k in ("input_ids", "token_type_ids"):
-            if k in enc:
-                out.setdefault(k, []).extend(enc[k])
-    return out
+        enc = tokenizer(a[i:i + step], b[i:i + step] if b is not None else None, truncation=False, padding=False,
+                        return_attention_mask=False, return_special_tokens_mask=not getattr(tokenizer, "is_fast", True),
+                        verbose=False)
+        keys = [k for k in ("input_ids", "token_type_ids") if k in enc]
+        for j, ids in enumerate(enc["input_ids"]):
+            if len(ids) <= max_length:
+                for k in keys:
+                    out.setdefault(k, []).append(enc[k][j])
+                if rows is not None:
+                    rows.append(i + j)
+                continue
+            long[i + j] = True
+            seq = _seq_ids(enc, j, enc.get("special_tokens_mask", [None] * (j + 1))[j])
+            if stride is not None:
+                parts = _windows(seq, max_length, stride)
+            else:
+                texts, special = _segments(seq)
+                budget = max(max_length - len(special), 0)
+                kept = [p for t, n in zip(texts, shares([len(t) for t in texts], budget), strict=True)
+                        for p in pick(t, n, truncation)]
+                parts = [sorted(special + kept)]
+            for pos in parts:
+                for k in keys:
+                    row = enc[k][j]
+                    out.setdefault(k, []).append([row[p] for p in pos])
+                if rows is not None:
+                    rows.append(i + j)
+    return out, long, (np.asarray(rows, dtype=np.int64) if rows is not None else None)
 
 
-def _save_views(path: Path, views: list[dict[str, list[list[int]]]]) -> None:
-    """Each ragged ``list[list[int]]`` as a flat int32 array plus offsets, in one ``.npz``."""
-    arrays: dict[str, np.ndarray] = {}
+def _save_views(path: Path, views: list[dict[str, list[list[int]]]], long: np.ndarray,
+                rows: Optional[np.ndarray]) -> None:
+    """Each ragged ``list[list[int]]`` as a flat int32 array plus offsets, with which rows were long
+    and (windows) each window's row, in one ``.npz``."""
+    arrays: dict[str, np.ndarray] = {"long": long.astype(np.int8)}
+    if rows is not None:
+        arrays["window_rows"] = rows.astype(np.int64)
     for i, v in enumerate(views):
         for k, rows in v.items():
             lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
@@ -93,11 +252,20 @@ def _save_views(path: Path, views: list[dict[str, list[list[int]]]]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _load_views(path: Path, n: int) -> Optional[list[dict[str, list[list[int]]]]]:
-    """The cached views, or None when the file is missing, damaged or does not fit ``n`` rows."""
+def _load_views(path: Path, n_rows: int) -> Optional[tuple[list[dict[str, list[list[int]]]], np.ndarray,
+                                                            Optional[np.ndarray]]]:
+    """The cached views, long-row flags and window rows, or None when the file is missing, damaged
+    or does not fit ``n_rows`` rows."""
     try:
         with np.load(path, allow_pickle=False) as z:
             views: dict[int, dict[str, list[list[int]]]] = {}
+            long = z["long"].astype(bool)
+            rows = z["window_rows"] if "window_rows" in z.files else None
+            if long.shape != (n_rows,):
+                return None
+            if rows is not None and (rows.dtype.kind not in "iu" or (len(rows) and rows.max() >= len(long))):
+                return None
+            n = len(rows) if rows is not None else len(long)
             for name in z.files:
                 if not name.endswith(".flat"):
                     continue
@@ -111,34 +279,48 @@ def _load_views(path: Path, n: int) -> Optional[list[dict[str, list[list[int]]]]
         return None
     if not views or sorted(views) != list(range(len(views))):
         return None
-    return [views[i] for i in range(len(views))]
+    return [views[i] for i in range(len(views))], long, rows
 
 
 def encode_table(t: Table, tokenizer, max_length: int, text_columns: tuple[str, ...], joint: bool,
-                 use_cache: bool = True) -> EncodedData:
-    """Tokenise ``text_columns`` of ``t``: jointly as one pair sequence or each on its own."""
+                 use_cache: bool = True, truncation: str = "head", stride: Optional[int] = None) -> EncodedData:
+    """Tokenise ``text_columns`` of ``t``: jointly as one pair sequence or each on its own; rows
+    longer than ``max_length`` cut by ``truncation``, or (``stride``, a single text) read in
+    overlapping windows. ``EncodedData.cut`` counts the long rows."""
     texts = [[str(x) for x in t.columns[c]] for c in text_columns if c in t.columns]
-    key = _cache_key(tokenizer, max_length, texts, joint)
+    if stride is not None and (len(texts) > 1):
+        raise DataError("--stride reads one text in overlapping windows; a sentence pair is cut by its "
+                        "model.truncation rule instead (the longer text first)")
+    key = _cache_key(tokenizer, max_length, texts, joint, truncation, stride)
     path = cache_dir() / f"{key}.npz"
-    views = _load_views(path, len(t)) if use_cache and path.is_file() else None
-    if views is None:
+    cached = _load_views(path, len(t)) if use_cache and path.is_file() else None
+    if cached is not None:
+        views, long, rows = cached
+    else:
         if joint:
-            views = [_tokenize(tokenizer, texts[0], texts[1] if len(texts) > 1 else None, max_length)]
+            parts = [_tokenize(tokenizer, texts[0], texts[1] if len(texts) > 1 else None, max_length, truncation,
+                               stride)]
         else:
-            views = [_tokenize(tokenizer, col, None, max_length) for col in texts]
+            parts = [_tokenize(tokenizer, col, None, max_length, truncation, stride) for col in texts]
+        views = [v for v, _, _ in parts]
+        long = np.any(np.stack([c for _, c, _ in parts]), axis=0) if parts else np.zeros(len(t), bool)
+        rows = parts[0][2] if parts else None
         if use_cache:
             try:
-                _save_views(path, views)
+                _save_views(path, views, long, rows)
             except OSError:
                 pass  # a read-only or full cache is not an error
-    lengths = np.max(np.stack([np.fromiter((len(x) for x in v["input_ids"]), dtype=np.int64, count=len(t))
+    n = len(views[0]["input_ids"]) if views else len(t)
+    lengths = np.max(np.stack([np.fromiter((len(x) for x in v["input_ids"]), dtype=np.int64, count=n)
                                for v in views]), axis=0)
     labels = None
     if "label" in t.columns:
         lab = t.columns["label"]
         # float: regression scores, or multi-hot rows (multi-label); int64: class ids
         labels = np.asarray(lab, dtype=np.float32 if lab and isinstance(lab[0], (float, list)) else np.int64)
-    return EncodedData(views, labels, lengths)
+        if rows is not None:
+            labels = labels[rows]
+    return EncodedData(views, labels, lengths, cut=int(np.count_nonzero(long)), window_rows=rows)
 
 
 class _Flat:

@@ -33,6 +33,8 @@ class TaskData:
     label_names: Optional[list[str]]  # None for regression / unlabeled
     label_type: Optional[str]
     notes: list[str] = field(default_factory=list)  # e.g. rows dropped by data.drop_invalid
+    # data.eval_fraction: how the training data was cut (see ``eval_split``); None without it
+    split: Optional[dict[str, Any]] = None
 
     @property
     def num_labels(self) -> int:
@@ -294,6 +296,47 @@ def few_shot_indices(labels: list[int], n: int, seed: int) -> list[int]:
     return sorted(keep)
 
 
+def stratified_eval_indices(labels: Optional[list[Any]], n: int, fraction: float, seed: int) -> list[int]:
+    """The positions of the evaluation rows ``data.eval_fraction`` carves from ``n`` training rows.
+
+    ``round(fraction * n)`` rows in all. With class ids (``labels``) every class gives its share:
+    ``fraction * count_c`` rounded down, the rows left over going to the classes with the largest
+    remainders (ties to the lower class id), so the evaluation part keeps the classes' proportions;
+    which rows of a class go is a seeded draw. Without class ids (regression, multi-label), a seeded
+    draw over all rows."""
+    rng = np.random.default_rng(seed)
+    total = int(round(fraction * n))
+    if labels is None:
+        return sorted(rng.permutation(n)[:total].tolist())
+    arr = np.asarray(labels)
+    classes = sorted(set(arr.tolist()))
+    counts = np.array([(arr == c).sum() for c in classes])
+    quota = fraction * counts
+    take = np.floor(quota).astype(int)
+    for j in sorted(range(len(classes)), key=lambda j: (-(quota[j] - take[j]), j))[: total - int(take.sum())]:
+        take[j] += 1
+    out: list[int] = []
+    for c, k in zip(classes, take, strict=True):
+        out.extend(rng.permutation(np.flatnonzero(arr == c))[:k].tolist())
+    return sorted(out)
+
+
+def eval_split(train: Table, fraction: float, seed: int, stratify: bool) -> tuple[Table, Table, dict[str, Any]]:
+    """``(train part, evaluation part, record)``: ``data.eval_fraction`` of ``train`` held out. The
+    record (``split.json`` of a run) holds the row numbers of both parts, as error messages give them."""
+    n = len(train)
+    ev_idx = stratified_eval_indices(train.columns["label"] if stratify else None, n, fraction, seed)
+    if not ev_idx or len(ev_idx) == n:
+        raise DataError(f"data.eval_fraction={fraction:g} of the {n} rows of {train.source} leaves "
+                        f"{'no evaluation' if not ev_idx else 'no training'} rows; use a larger file or another "
+                        f"fraction")
+    held = set(ev_idx)
+    tr_idx = [i for i in range(n) if i not in held]
+    record = {"source": train.source, "rows": n, "eval_fraction": fraction, "seed": seed, "stratified": stratify,
+              "train_rows": [train.row(i) for i in tr_idx], "eval_rows": [train.row(i) for i in ev_idx]}
+    return train.select(tr_idx), train.select(ev_idx), record
+
+
 def subsample(t: Table, n: int, seed: int) -> Table:
     if len(t) <= n:
         return t
@@ -310,9 +353,14 @@ def load_task_data(cfg: DataConfig, *, seed: int, label_type: Optional[str], req
     if need_train and cfg.dataset is None and cfg.train is None:
         raise DataError("the recipe names no training data: set data.train (or data.dataset)")
     seed = cfg.seed if cfg.seed is not None else seed
-    train = _read(cfg, "train", data_dir, required_columns) if need_train else None
-    ev = _read(cfg, "eval", data_dir, required_columns) if (need_eval or cfg.eval or cfg.dataset) else None
-    if need_eval and ev is None:
+    carve = cfg.eval_fraction is not None and (need_eval or need_train)
+    train = _read(cfg, "train", data_dir, required_columns) if need_train or carve else None
+    ev = None if carve else _read(cfg, "eval", data_dir, required_columns) if (
+        need_eval or cfg.eval or cfg.dataset) else None
+    if carve and train is None:
+        raise DataError("data.eval_fraction carves the evaluation rows from the training data: set data.train "
+                        "(or data.dataset)")
+    if need_eval and ev is None and not carve:
         raise DataError("no evaluation data: set data.eval (or data.dataset with data.eval_split)")
     notes: list[str] = []
     text_cols = tuple(c for c in ("text", "text_pair", "hard_neg") if c in required_columns or c == "text_pair")
@@ -339,6 +387,12 @@ def load_task_data(cfg: DataConfig, *, seed: int, label_type: Optional[str], req
     elif label_type == "float":
         _map_float_labels(train)
         _map_float_labels(ev)
+    split = None
+    if carve:  # after label mapping (class ids to stratify by), before any sub-sampling of the train part
+        assert train is not None and cfg.eval_fraction is not None
+        train, ev, split = eval_split(train, cfg.eval_fraction, seed, stratify=label_type == "class")
+        if not need_train:
+            train = None
     if train is not None:
         if cfg.few_shot:
             if label_type != "class":
@@ -348,4 +402,4 @@ def load_task_data(cfg: DataConfig, *, seed: int, label_type: Optional[str], req
             train = subsample(train, cfg.max_train_samples, seed)
     if ev is not None and cfg.max_eval_samples:
         ev = subsample(ev, cfg.max_eval_samples, seed)
-    return TaskData(train, ev, names, label_type, notes)
+    return TaskData(train, ev, names, label_type, notes, split)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from finetune_cli.data.encode import EncodedData, encode_table
+from finetune_cli.data.encode import EncodedData
 from finetune_cli.engine.inference import forward_all
 from finetune_cli.metrics.tasks import task_metrics
 
@@ -24,11 +24,10 @@ def make_classifier_eval(data: EncodedData, label_type: Optional[str], batch_siz
     return evaluate
 
 
-def make_similarity_eval(table, tokenizer, max_length: int, batch_size: int, pad_id: int):
-    """``evaluate(model)``: Spearman/Pearson of embedding cosines against the gold scores."""
+def make_similarity_eval(enc: EncodedData, batch_size: int, pad_id: int):
+    """``evaluate(model)``: Spearman/Pearson of embedding cosines against the gold scores (``enc``:
+    the pairs' two texts as two views, the gold score as label)."""
     from finetune_cli.metrics.similarity import correlations, cosine_scores
-
-    enc = encode_table(table, tokenizer, max_length, TEXT_COLUMNS, joint=False)
 
     def evaluate(model) -> dict[str, float]:
         a = forward_all(model, enc, batch_size, pad_id, view=0, want=("embeddings",))["embeddings"]

@@ -20,7 +20,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from finetune_cli.data.encode import EncodedData, collate, encode_table, to_device
+from finetune_cli.data.encode import EncodedData, collate, encode_table, length_note, to_device
 from finetune_cli.data.sampling import sorted_batches
 from finetune_cli.data.sources import Table
 from finetune_cli.engine.device import autocast_dtype, resolve_device, resolve_precision
@@ -28,6 +28,7 @@ from finetune_cli.errors import DeviceError, TrainingError
 from finetune_cli.models.loading import (
     check_max_length,
     default_max_length,
+    default_truncation,
     load_embedding_model,
     load_text_model,
     position_limit,
@@ -121,6 +122,12 @@ class InferenceSession:
     precision: str
     max_length: int
     st: Optional[Any] = None
+    truncation: str = "head"  # model.truncation: how a row longer than max_length is cut
+    length_key: str = "max_length"  # how the length is named in messages
+    # rows this session encoded, and of them the ones longer than max_length (see ``length_note``)
+    _rows: int = 0
+    _cut: int = 0
+    _windows: int = 0
 
     @property
     def pad_id(self) -> int:
@@ -132,9 +139,25 @@ class InferenceSession:
         id2label = getattr(self.model.config, "id2label", None) or {}
         return [str(id2label[i]) for i in sorted(id2label)][: self.model.spec.num_labels]
 
-    def encode(self, table: Table, columns: Sequence[str], *, joint: bool, use_cache: bool = True) -> EncodedData:
-        """Tokenise ``columns`` of ``table`` at the session's length (a pair jointly or as two views)."""
-        return encode_table(table, self.tokenizer, self.max_length, tuple(columns), joint=joint, use_cache=use_cache)
+    def encode(self, table: Table, columns: Sequence[str], *, joint: bool, use_cache: bool = True,
+               stride: Optional[int] = None) -> EncodedData:
+        """Tokenise ``columns`` of ``table`` at the session's length and truncation rule (a pair
+        jointly or as two views); ``stride``: long single texts in overlapping windows instead.
+        The rows longer than the length are counted for :meth:`length_note`."""
+        enc = encode_table(table, self.tokenizer, self.max_length, tuple(columns), joint=joint, use_cache=use_cache,
+                           truncation=self.truncation, stride=stride)
+        self._rows += enc.rows
+        self._cut += enc.cut
+        self._windows += len(enc)
+        return enc
+
+    def length_note(self, stride: Optional[int] = None) -> Optional[str]:
+        """The warning line for every row this session encoded that was longer than its length."""
+        if not self._cut:
+            return None
+        fake = EncodedData([], None, np.zeros(self._windows, np.int64), cut=self._cut,
+                           window_rows=np.arange(self._rows) if stride is not None else None)
+        return length_note(fake, f"{self.length_key}={self.max_length}", f"truncation={self.truncation}", stride)
 
     def encode_texts(self, texts: list[str]) -> EncodedData:
         """Tokenise plain sentences (one view, not cached: a one-off input)."""
@@ -145,8 +168,10 @@ class InferenceSession:
         """:func:`forward_all` on the session's device, pad id and precision; running out of device
         memory is one line naming ``--batch-size``."""
         try:
-            return forward_all(self.model, data, batch_size, self.pad_id, self.device, view=view, want=want,
+            outs = forward_all(self.model, data, batch_size, self.pad_id, self.device, view=view, want=want,
                                progress=progress, autocast_dtype=autocast_dtype(self.precision))
+            return outs if data.window_rows is None else {k: mean_by_row(v, data.window_rows, data.rows)
+                                                          for k, v in outs.items()}
         except torch.cuda.OutOfMemoryError:  # = torch.OutOfMemoryError; this name on every torch >= 2.2
             raise TrainingError(f"out of memory on {self.device} at --batch-size {batch_size} "
                                 f"(inputs cut at {self.max_length} tokens): lower --batch-size") from None
@@ -163,16 +188,25 @@ class InferenceSession:
         return self.forward(enc, batch_size, want=("embeddings",))["embeddings"], labels
 
     def stream(self, chunks: Iterable[Table], columns: Sequence[str], batch_size: int, *, joint: bool,
-               want: tuple[str, ...] = ("logits",), progress=None) -> Iterator[tuple[Table, dict[str, np.ndarray]]]:
+               want: tuple[str, ...] = ("logits",), progress=None,
+               stride: Optional[int] = None) -> Iterator[tuple[Table, dict[str, np.ndarray]]]:
         """Each chunk of rows with its outputs, in turn: tokenised, run in length-sorted batches and
         handed back before the next is read, so memory holds one chunk (``predict``, ``embed``)."""
         done = 0
         for chunk in chunks:
             texts = Table({f"text{i}": chunk.columns[c] for i, c in enumerate(columns)}, chunk.source)
-            enc = self.encode(texts, tuple(texts.columns), joint=joint, use_cache=False)
+            enc = self.encode(texts, tuple(texts.columns), joint=joint, use_cache=False, stride=stride)
             step = None if progress is None else _Offset(progress, done)
             yield chunk, self.forward(enc, batch_size, want=want, progress=step)
             done += len(chunk)
+
+
+def mean_by_row(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    """The mean of the windows' outputs of each row (``rows``: each window's row, every row present)."""
+    total = np.zeros((n, *values.shape[1:]), dtype=np.float64)
+    np.add.at(total, rows, values.astype(np.float64))
+    counts = np.bincount(rows, minlength=n).reshape(n, *([1] * (values.ndim - 1)))
+    return (total / counts).astype(values.dtype)
 
 
 @dataclass
@@ -188,7 +222,7 @@ class _Offset:
 
 def open_session(model_name: str, *, device: str = "auto", precision: str = "auto", max_length: Optional[int] = None,
                  length_key: str = "--max-length", embedding: bool = False,
-                 heads: Optional[HeadSpec] = None) -> InferenceSession:
+                 truncation: Optional[str] = None, heads: Optional[HeadSpec] = None) -> InferenceSession:
     """Load ``model_name`` (run directory, model folder, LoRA adapter folder (its adapters folded in),
     ONNX folder (run in onnxruntime), ``embedded`` or hub id) for inference.
 
@@ -199,6 +233,7 @@ def open_session(model_name: str, *, device: str = "auto", precision: str = "aut
     folder as ``SentenceTransformer`` does (its pooling, ``Normalize``, length), its config in ``st``.
     ``heads``: the heads to read the model with (the probe's encoder with the recipe's pooling and no
     classifier), instead of what the folder says.
+    ``truncation`` None is the rule the folder was trained with (``finetune_model.json``), else ``head``.
     """
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
@@ -220,4 +255,5 @@ def open_session(model_name: str, *, device: str = "auto", precision: str = "aut
     if lora_config(model) is not None:  # a LoRA adapter folder: folded in, it runs as fast as a full model
         merge_lora(model)
     model.to(dev).eval()
-    return InferenceSession(model, tokenizer, path, dev, prec, max_length, st)
+    return InferenceSession(model, tokenizer, path, dev, prec, max_length, st,
+                            truncation=truncation or default_truncation(path), length_key=length_key)

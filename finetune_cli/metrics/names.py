@@ -9,7 +9,7 @@ from typing import Optional
 # What evaluating during training reports, by kind: ``class`` (single-label), ``float``
 # (regression), ``multi`` (multi-label), ``similarity`` (embedding cosines vs gold scores).
 METRIC_NAMES: dict[str, tuple[str, ...]] = {
-    "class": ("accuracy", "f1_macro", "mcc"),
+    "class": ("accuracy", "f1_macro", "mcc", "f1", "precision", "recall", "roc_auc", "pr_auc"),
     "float": ("pearson", "spearman"),
     "multi": ("f1_micro", "f1_macro", "subset_accuracy"),
     "similarity": ("spearman", "pearson"),
@@ -19,7 +19,8 @@ REFIT_METRICS = ("refit_train_accuracy",)
 # What ``finetune eval`` adds: calibration of a single-label classifier's probabilities.
 CALIBRATION_METRICS = ("ece", "mce", "nll")
 # Display order in reports; names not listed follow alphabetically.
-METRIC_ORDER = ("accuracy", "f1_macro", "mcc", *CALIBRATION_METRICS, "pearson", "spearman")
+METRIC_ORDER = ("accuracy", "f1_macro", "mcc", "f1", "precision", "recall", "roc_auc", "pr_auc", *CALIBRATION_METRICS,
+                "pearson", "spearman")
 
 
 def metric_names(kind: Optional[str]) -> tuple[str, ...]:

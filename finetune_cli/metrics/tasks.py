@@ -41,16 +41,18 @@ def regression_metrics(pred: np.ndarray, gold: np.ndarray) -> dict[str, float]:
 
 
 def task_metrics(label_type: str | None, logits: np.ndarray, labels: np.ndarray | None,
-                 threshold: float = 0.5) -> dict[str, float]:
+                 threshold: float | np.ndarray = 0.5, notes: dict[str, str] | None = None) -> dict[str, float]:
     """Metrics of ``logits`` against ``labels`` for a label type (``class``: accuracy, macro-F1,
-    MCC of the argmax; ``float``: Pearson/Spearman of the single output; ``multi``: micro/macro-F1
-    and subset accuracy of ``sigmoid >= threshold``)."""
+    MCC, F1/precision/recall of the argmax and ROC-AUC/PR-AUC of the softmax, see
+    ``metrics.classification``; ``float``: Pearson/Spearman of the single output; ``multi``:
+    micro/macro-F1 and subset accuracy of ``sigmoid >= threshold``, one per label or one for all).
+    ``notes`` receives ``{metric: why}`` for a metric left out."""
     if labels is None:
         raise DataError("evaluation needs labelled data")
     if label_type == "class":
         from finetune_cli.metrics.classification import classification_metrics
 
-        return classification_metrics(labels, logits.argmax(-1))
+        return classification_metrics(labels, logits.argmax(-1), softmax(logits), notes)
     if label_type == "float":
         return regression_metrics(logits, labels)
     if label_type == "multi":

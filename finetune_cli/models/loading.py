@@ -421,6 +421,17 @@ def default_max_length(path: str, tokenizer) -> int:
     return int(min(limit, 512))
 
 
+def default_truncation(path: str) -> str:
+    """How the saved model cut long rows in training (``finetune_model.json``'s ``truncation``), else
+    ``head`` (what tokenizers do)."""
+    f = Path(path) / HEAD_SPEC
+    if f.is_file():
+        saved = json.loads(f.read_text()).get("truncation")
+        if saved in ("head", "tail", "head_tail"):
+            return str(saved)
+    return "head"
+
+
 def write_sentence_transformers_config(out: Path, pooling: str, dim: int, max_length: Optional[int],
                                        pooled_head: bool = False) -> None:
     """``modules.json`` + ``1_Pooling/config.json`` so ``SentenceTransformer(out)`` embeds exactly as

@@ -58,6 +58,11 @@ class Objective(nn.Module):
     parts: ClassVar[tuple[str, ...]] = ()
     evaluation: ClassVar[str] = "classifier"
 
+    def bind_labels(self, labels: Any, num_labels: int) -> None:
+        """Called once with the training labels (as encoded) and the label count before training,
+        for hyper-parameters that depend on the data (``ce``'s ``class_weights: balanced``); a bad
+        combination is a :class:`~finetune_cli.errors.RecipeError` here, before any step runs."""
+
     def forward(self, model: nn.Module, batch: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover
         raise NotImplementedError
 

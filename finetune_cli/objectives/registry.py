@@ -84,3 +84,24 @@ def validate_params(name: str, params: Mapping[str, Any], where: str = "objectiv
 
 def build(name: str, params: Mapping[str, Any]) -> Objective:
     return get(name)(**dict(params))
+
+
+def check_contract(recipe: Any, cls: type[Objective]) -> None:
+    """Refuse, in one line, recipe keys the objective's data contract cannot serve: ``model.head:
+    labels`` and ``data.label_descriptions`` need an objective that encodes the label texts
+    (``label_texts``); ``data.eval_fraction`` needs one evaluated on labelled rows of its training data."""
+    data = getattr(recipe, "data", None)  # a probe recipe names its data per task
+    if data is not None and data.eval_fraction is not None and (cls.evaluation != "classifier" or
+                                                                 "label" not in cls.required_columns):
+        raise RecipeError(f"`data.eval_fraction` in {recipe.source}: objective `{cls.name}` is not evaluated on "
+                          f"labelled rows of its training data; name the evaluation file with data.eval")
+    if cls.label_texts:  # (single-label only: resolve_problem_type checks the objective's problem_types)
+        return
+    users = ", ".join(n for n in names() if get(n).label_texts)
+    if recipe.model.head == "labels":
+        raise RecipeError(f"`model.head: labels` in {recipe.source} predicts by similarity to the label texts, which "
+                          f"objective `{cls.name}` never encodes; use an objective that trains on them ({users}) "
+                          f"or model.head=pooled")
+    if data is not None and data.label_descriptions:
+        raise RecipeError(f"`data.label_descriptions` in {recipe.source} is read by objectives that encode the label "
+                          f"texts ({users}); objective `{cls.name}` does not: drop it")

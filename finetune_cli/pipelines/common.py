@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_cli.data import EncodedData, TaskData, encode_table, load_task_data
-from finetune_cli.engine.evaluation import make_classifier_eval, make_similarity_eval
+from finetune_cli.data.encode import length_note
+from finetune_cli.engine.evaluation import TEXT_COLUMNS, make_classifier_eval, make_similarity_eval
+from finetune_cli.errors import RecipeError
 from finetune_cli.pipelines.recipes import Plan
 from finetune_cli.recipe import Recipe
 
@@ -37,14 +39,41 @@ def load_data(plan: Plan, data_dir: Optional[Path], need_train: bool = True, nee
             train = subsample(train, cfg.max_train_samples, cfg.seed if cfg.seed is not None else recipe.train.seed)
         return TaskData(train, None, None, None)
     lt = plan.label_type
-    return load_task_data(cfg, seed=recipe.train.seed, label_type=lt,
-                          required_columns=required, data_dir=data_dir,
-                          need_train=need_train, need_eval=need_eval, min_classes=cls.min_classes if
-                          lt == "class" else 1)
+    td = load_task_data(cfg, seed=recipe.train.seed, label_type=lt, required_columns=required, data_dir=data_dir,
+                        need_train=need_train, need_eval=need_eval, min_classes=cls.min_classes if lt == "class" else 1)
+    check_training_data(plan, td)  # before any model loads (and before `train` echoes the recipe)
+    return td
 
 
-def encode(plan: Plan, table, tokenizer) -> EncodedData:
-    return encode_table(table, tokenizer, plan.recipe.model.max_length, plan.text_columns, joint=plan.joint)
+def encode(plan: Plan, table, tokenizer, ui=None) -> EncodedData:
+    """``table`` tokenised as the plan says (length, truncation rule, columns); the rows longer than
+    ``model.max_length`` are a warning line on ``ui``."""
+    m = plan.recipe.model
+    enc = encode_table(table, tokenizer, m.max_length, plan.text_columns, joint=plan.joint, truncation=m.truncation)
+    warn_long_rows(enc, plan, table, ui)
+    return enc
+
+
+def warn_long_rows(enc: EncodedData, plan: Plan, table, ui) -> None:
+    m = plan.recipe.model
+    note = length_note(enc, f"model.max_length={m.max_length}", f"model.truncation={m.truncation}")
+    if note and ui is not None:
+        ui.warn(f"{table.source}: {note}")
+
+
+def check_training_data(plan: Plan, data: TaskData) -> None:
+    """What the loaded data decides about the recipe, refused before training: a ``train.metric``
+    the evaluation rows leave undefined (an AUC with a class absent), and the objective's
+    data-dependent hyper-parameters (``ce``'s ``class_weights``)."""
+    if data.eval is not None and plan.label_type == "class":
+        from finetune_cli.metrics.classification import undefined_metrics
+
+        why = undefined_metrics(data.eval.columns["label"], data.num_labels).get(plan.recipe.train.metric or "")
+        if why:
+            raise RecipeError(f"train.metric={plan.recipe.train.metric} is undefined on {data.eval.source}: {why}; "
+                              f"choose another train.metric")
+    if data.train is not None:
+        plan.build_objective(data.train.columns.get("label", []), data.num_labels)
 
 
 def label_texts(plan: Plan, label_names: list[str]) -> list[str]:
@@ -83,27 +112,31 @@ def load_similarity_data(recipe: Recipe, data_dir: Optional[Path]):
                           need_train=False, need_eval=True).eval
 
 
-def _classifier_evaluator(plan: Plan, data: TaskData, tokenizer, pad_id: int, data_dir):
+def _classifier_evaluator(plan: Plan, data: TaskData, tokenizer, pad_id: int, data_dir, ui=None):
     cls, recipe = plan.objective_cls, plan.recipe
     if data.eval is None or not cls.needs_classifier or cls.label_type is None:
         return None
-    return make_classifier_eval(encode(plan, data.eval, tokenizer), plan.label_type,
+    return make_classifier_eval(encode(plan, data.eval, tokenizer, ui), plan.label_type,
                                 recipe.train.eval_batch_size, pad_id, recipe.model.threshold)
 
 
-def _similarity_evaluator(plan: Plan, data: TaskData, tokenizer, pad_id: int, data_dir):
+def _similarity_evaluator(plan: Plan, data: TaskData, tokenizer, pad_id: int, data_dir, ui=None):
     recipe = plan.recipe
     table = load_similarity_data(recipe, data_dir)
     if table is None:
         return None
-    return make_similarity_eval(table, tokenizer, recipe.model.max_length, recipe.train.eval_batch_size, pad_id)
+    m = recipe.model
+    enc = encode_table(table, tokenizer, m.max_length, TEXT_COLUMNS, joint=False, truncation=m.truncation)
+    warn_long_rows(enc, plan, table, ui)
+    return make_similarity_eval(enc, recipe.train.eval_batch_size, pad_id)
 
 
 @dataclass(frozen=True)
 class Evaluator:
     """How training is evaluated, chosen by the objective's ``evaluation`` attribute.
 
-    ``build(plan, data, tokenizer, pad_id, data_dir) -> evaluate(model) | None``;
+    ``build(plan, data, tokenizer, pad_id, data_dir, ui=None) -> evaluate(model) | None`` (``ui``: where
+    the rows longer than ``model.max_length`` are reported);
     ``own_data``: it reads ``data.eval`` itself, so the objective's contract does not apply to it.
     """
 

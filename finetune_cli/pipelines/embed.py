@@ -126,6 +126,8 @@ def run_embed(model_name: str, input_path: str, output: str, ui, *, column: Opti
         if done != rows:  # the header promised `rows` rows
             raise DataError(f"{input_path} changed while it was read ({rows} rows, then {done}); rerun")
     secs = time.perf_counter() - t0
+    if (note := sess.length_note()) is not None:
+        ui.warn(f"{input_path}: {note}")
     ui.log(f"{rows} sentences -> {out} ({dim} dims, {rows / max(secs, 1e-9):.0f}/s)")
     return EmbedResult(sess.path, input_path, str(out), str(ids_file) if ids_file else None, rows, dim, normalize,
                        round(secs, 3), sess.precision)

@@ -13,7 +13,7 @@ from finetune_cli.errors import DataError, ModelError
 from finetune_cli.fsutil import check_writable_dir
 from finetune_cli.metrics.calibration import DEFAULT_BINS
 from finetune_cli.metrics.tasks import LABEL_TYPES, task_metrics
-from finetune_cli.pipelines.common import encode, load_data
+from finetune_cli.pipelines.common import load_data
 from finetune_cli.pipelines.recipes import Plan, load_plan, plan_for
 from finetune_cli.recipe import apply_overrides, build_recipe, to_plain
 from finetune_cli.rundir import RunDir
@@ -58,7 +58,7 @@ def eval_plan(model: str, recipe_path: Optional[str], overrides: list[str]) -> P
 def run_eval(model_name: str, plan: Plan, ui, *, device: str = "auto", precision: str = "auto",
              data_dir: Optional[str] = None, batch_size: Optional[int] = None, bins: int = DEFAULT_BINS,
              figures: bool = True, out: Optional[str] = None, tsne_max: Optional[int] = 2000,
-             name: str = "eval") -> EvalResult:
+             name: str = "eval", stride: Optional[int] = None) -> EvalResult:
     """``name``: the result file's stem in the output folder (``eval.json``; the CLI names evaluations
     of other data than the run's own ``eval-<recipe>.json`` so ``report`` keeps reading the run's)."""
     recipe = plan.recipe
@@ -90,17 +90,24 @@ def run_eval(model_name: str, plan: Plan, ui, *, device: str = "auto", precision
     assert data.eval is not None
     for note in data.notes:
         ui.warn(note)
-    enc = encode(plan, data.eval, sess.tokenizer)
+    # Cut as the model was trained (its saved model.truncation), or read in windows (``stride``).
+    enc = sess.encode(data.eval, plan.text_columns, joint=plan.joint, stride=stride)
+    if (note := sess.length_note(stride)) is not None:
+        ui.warn(f"{data.eval.source}: {note}")
     want = ("logits", "embeddings") if lt == "class" else ("logits",)
     with ui.progress(len(enc), "eval", transient=True) as prog:
         outs = sess.forward(enc, batch_size or recipe.train.eval_batch_size, want=want, progress=prog)
     logits = outs["logits"]
-    metrics = task_metrics(lt, logits, enc.labels, spec.threshold)
-    res = EvalResult(model=path, data=data.eval.source, examples=len(enc), metrics=metrics, precision=sess.precision)
+    left_out: dict[str, str] = {}
+    labels = enc.row_labels
+    metrics = task_metrics(lt, logits, labels, spec.threshold, left_out)
+    for why in dict.fromkeys(left_out.values()):
+        ui.warn(f"{', '.join(k for k, v in left_out.items() if v == why)} not computed: {why}")
+    res = EvalResult(model=path, data=data.eval.source, examples=enc.rows, metrics=metrics, precision=sess.precision)
     if lt == "class":
         from finetune_cli.pipelines.eval_details import classification_details
 
-        classification_details(res, logits, outs["embeddings"], enc.labels, names or [], ui, bins=bins,
+        classification_details(res, logits, outs["embeddings"], labels, names or [], ui, bins=bins,
                                figures=figures, out_dir=out_dir, tsne_max=tsne_max,
                                seed=recipe.train.seed, name=name)
     return res

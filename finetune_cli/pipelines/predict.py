@@ -24,6 +24,7 @@ from finetune_cli.data.table_io import ColumnTypes, check_table_output, table_wr
 from finetune_cli.engine.inference import open_session
 from finetune_cli.errors import DataError, ModelError
 from finetune_cli.metrics.tasks import prediction_columns
+from finetune_cli.recipe import TRUNCATION_RULES
 
 
 @dataclass
@@ -80,9 +81,17 @@ def _output_columns(spec, labels: list[str], src: _Input, input_path: str) -> tu
 
 def run_predict(model_name: str, input_path: str, output: str, ui, *, column: str = "text",
                 pair_column: Optional[str] = None, batch_size: int = 64, max_length: Optional[int] = None,
-                device: str = "auto", precision: str = "auto", chunk_rows: int = CHUNK_ROWS) -> PredictResult:
+                device: str = "auto", precision: str = "auto", chunk_rows: int = CHUNK_ROWS,
+                truncation: Optional[str] = None, stride: Optional[int] = None) -> PredictResult:
+    """``truncation`` None: the rule the model was trained with; ``stride``: long rows read in
+    overlapping windows whose logits are averaged (single texts only)."""
+    if truncation is not None and truncation not in TRUNCATION_RULES:
+        raise DataError(f"--truncation {truncation}: choose one of {', '.join(TRUNCATION_RULES)}")
+    if stride is not None and pair_column is not None:
+        raise DataError("--stride reads one text in overlapping windows; a sentence pair (--pair-column) is cut "
+                        "by --truncation instead (the longer text first)")
     src = _check_input(input_path, output, [c for c in (column, pair_column) if c is not None], chunk_rows)
-    sess = open_session(model_name, device=device, precision=precision, max_length=max_length)
+    sess = open_session(model_name, device=device, precision=precision, max_length=max_length, truncation=truncation)
     model, path = sess.model, sess.path
     if not model.has_classifier:
         raise ModelError(f"{path} is an embedding model (no classification head); use `finetune embed {model_name} "
@@ -95,11 +104,13 @@ def run_predict(model_name: str, input_path: str, output: str, ui, *, column: st
     with ui.progress(src.rows, "predict", transient=True) as prog, \
             table_writer(output, src.names + added, types) as write:
         chunks = src.file.chunks(chunk_rows, src.names, optional)
-        for chunk, outs in sess.stream(chunks, src.texts, batch_size, joint=True, progress=prog):
+        for chunk, outs in sess.stream(chunks, src.texts, batch_size, joint=True, progress=prog, stride=stride):
             preds = prediction_columns(outs["logits"], spec.problem_type, labels, spec.threshold)
             write({**chunk.columns, **preds})
             counted.update(preds.get("pred_label") or [x for s in preds.get("pred_labels", []) for x in s])
     secs = time.perf_counter() - t0
+    if (note := sess.length_note(stride)) is not None:
+        ui.warn(f"{input_path}: {note}")
     ui.log(f"{src.rows} rows -> {output} ({src.rows / max(secs, 1e-9):.0f}/s)")
     return PredictResult(path, input_path, output, src.rows, spec.problem_type, labels, dict(counted),
                          src.names + added, round(secs, 3), sess.precision)

@@ -64,8 +64,12 @@ class Plan:
     def run_dir(self) -> Path:
         return self.recipe.run_dir
 
-    def build_objective(self) -> Objective:
-        return self.objective_cls(**dict(self.recipe.objective.params))
+    def build_objective(self, labels: Any = None, num_labels: int = 0) -> Objective:
+        """The objective; given the training labels, bound to them (``Objective.bind_labels``)."""
+        obj = self.objective_cls(**dict(self.recipe.objective.params))
+        if labels is not None:
+            obj.bind_labels(labels, num_labels)
+        return obj
 
     def head_spec(self, num_labels: int, encoder_dropout: float) -> HeadSpec:
         """The heads the objective needs on an encoder whose hidden dropout is ``encoder_dropout``."""
@@ -125,7 +129,7 @@ def validate_recipe(recipe: R) -> R:
     problem = resolve_problem_type(recipe, cls)
     if problem is not None and problem != recipe.model.problem_type:
         recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, problem_type=problem))
-    _check_label_texts(recipe, cls)
+    registry.check_contract(recipe, cls)
     names = _training_metrics(cls, cls.label_type_for(problem), recipe.train.refit_head)
     train, metric = recipe.train, recipe.train.metric
     if metric is None:
@@ -134,21 +138,6 @@ def validate_recipe(recipe: R) -> R:
         raise RecipeError(f"`train.metric` in {recipe.source} is `{metric}`, which objective `{obj.name}` does "
                           f"not compute" + closest(metric, names, listing="it computes"))
     return dataclasses.replace(recipe, objective=obj, train=train)
-
-
-def _check_label_texts(recipe: Union[Recipe, ProbeRecipe], cls: type[Objective]) -> None:
-    """``model.head: labels`` and ``data.label_descriptions`` need an objective that encodes the label texts."""
-    if cls.label_texts:  # (single-label only: resolve_problem_type checks the objective's problem_types)
-        return
-    users = ", ".join(n for n in registry.names() if registry.get(n).label_texts)
-    if recipe.model.head == "labels":
-        raise RecipeError(f"`model.head: labels` in {recipe.source} predicts by similarity to the label texts, which "
-                          f"objective `{cls.name}` never encodes; use an objective that trains on them ({users}) "
-                          f"or model.head=pooled")
-    data = getattr(recipe, "data", None)
-    if data is not None and data.label_descriptions:
-        raise RecipeError(f"`data.label_descriptions` in {recipe.source} is read by objectives that encode the label "
-                          f"texts ({users}); objective `{cls.name}` does not: drop it")
 
 
 def _text_columns(cls: type[Objective]) -> tuple[str, ...]:

@@ -52,7 +52,11 @@ def similarity_metrics(a: np.ndarray, b: np.ndarray, gold: np.ndarray, texts_a: 
 
 
 def run_eval_similarity(model_name: str, plan: Plan, ui, *, device: str = "auto", precision: str = "auto",
-                        data_dir: Optional[str] = None, batch_size: Optional[int] = None) -> EvalResult:
+                        data_dir: Optional[str] = None, batch_size: Optional[int] = None,
+                        stride: Optional[int] = None) -> EvalResult:
+    if stride is not None:
+        raise DataError("--stride applies to a classifier; an embedding model is evaluated on sentence pairs, "
+                        "cut by model.truncation")
     recipe = plan.recipe
     table = load_similarity_data(recipe, data_dir_from_env(data_dir))
     if table is None:
@@ -60,6 +64,8 @@ def run_eval_similarity(model_name: str, plan: Plan, ui, *, device: str = "auto"
     sess = open_session(model_name, device=device, precision=precision, max_length=recipe.model.max_length,
                         length_key="model.max_length")
     enc = sess.encode(table, ("text", "text_pair"), joint=False)
+    if (note := sess.length_note()) is not None:
+        ui.warn(f"{table.source}: {note}")
     bs = batch_size or recipe.train.eval_batch_size
     with ui.progress(len(enc), "embed", transient=True) as prog:
         a = sess.forward(enc, bs, view=0, want=("embeddings",), progress=prog)["embeddings"]

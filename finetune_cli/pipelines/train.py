@@ -90,6 +90,7 @@ def _setup(plan: Plan, run: RunDir, ui, procs: Processes, *, data_dir: Optional[
         "resume a checkpoint of this recipe, or train without --resume"))
     run.path.mkdir(parents=True, exist_ok=True)
     if procs.is_main:
+        run.record_split(data.split, resuming=ck is not None)
         atomic_write_text(run.recipe_file, plan.recipe.to_yaml())
     model, tokenizer = _setup_model(plan, ck, data, ui)
     trainer = _setup_trainer(plan, run, data, model, tokenizer, ui, procs, data_dir=data_dir, callbacks=callbacks)
@@ -131,10 +132,11 @@ def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui
     recipe = plan.recipe
     pid = pad_id(tokenizer)
     t0 = time.perf_counter()
-    train_enc = encode(plan, data.train, tokenizer)
-    eval_fn = EVALUATORS[plan.evaluation].build(plan, data, tokenizer, pid, data_dir)
+    train_enc = encode(plan, data.train, tokenizer, ui)
+    eval_fn = EVALUATORS[plan.evaluation].build(plan, data, tokenizer, pid, data_dir, ui=ui)
     ui.log(f"tokenised in {time.perf_counter() - t0:.1f}s (max_length {recipe.model.max_length})")
-    meta = {"objective": plan.objective_name, "label_type": plan.label_type, "max_length": recipe.model.max_length}
+    meta = {"objective": plan.objective_name, "label_type": plan.label_type,
+            **{k: getattr(recipe.model, k) for k in ("max_length", "truncation")}}
     holder: dict[str, Trainer] = {}
 
     def save_model(m, out: Path) -> None:
@@ -142,9 +144,9 @@ def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui
         save_text_model(m, tokenizer, out, id2label=data.id2label or None, extra=meta,
                         max_length=recipe.model.max_length, card=model_card_info(plan, data, st))
 
-    holder["trainer"] = Trainer(model, plan.build_objective(), train_enc, recipe, run, procs, pad_id=pid,
-                                save_model=save_model, evaluate=eval_fn, ui=ui, sampler=plan.sampler,
-                                callbacks=callbacks)
+    holder["trainer"] = Trainer(model, plan.build_objective(train_enc.labels, data.num_labels), train_enc, recipe,
+                                run, procs, pad_id=pid, save_model=save_model, evaluate=eval_fn, ui=ui,
+                                sampler=plan.sampler, callbacks=callbacks)
     return holder["trainer"]
 
 

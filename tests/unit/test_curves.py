@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from finetune_cli.cli.main import app
+from finetune_cli.metrics.names import metric_names
 from finetune_cli.rundir import RunDir
 from finetune_cli.viz.curves import curve_series, mean_curve, multi_run_series
 
@@ -122,7 +123,7 @@ def test_report_curves_draw_a_line_in_every_panel(tiny_recipe, tmp_path):
     pytest.importorskip("matplotlib")
     runs = _train_two_runs(tiny_recipe, tmp_path, "train.max_steps=8", "train.eval_every=2", "train.log_every=2")
     res, data, panels = _report_figure(runs, tmp_path)
-    assert [ax.get_title() for ax in panels] == [f"{n} ({'eval' if n in ('accuracy', 'f1_macro', 'mcc') else 'train'})"
+    assert [ax.get_title() for ax in panels] == [f"{n} ({'eval' if n in metric_names('class') else 'train'})"
                                                  for n in data]
     assert {"loss", "ce", "accuracy", "f1_macro", "mcc"} <= set(data)
     for ax in panels:
@@ -140,4 +141,4 @@ def test_runs_that_logged_each_metric_once_are_drawn_as_points_and_said_so(tiny_
     for ax in panels:
         lines = ax.get_lines()
         assert lines and all(_marked(line) for line in lines if len(line.get_xdata()) == 1), ax.get_title()
-    assert "--curves: every run logged loss, ce, accuracy, f1_macro, mcc once" in res.stderr
+    assert f"--curves: every run logged loss, ce, {', '.join(metric_names('class'))} once" in res.stderr

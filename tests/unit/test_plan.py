@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from finetune_cli.cli.main import app
 from finetune_cli.errors import RecipeError
-from finetune_cli.metrics.names import METRIC_NAMES
+from finetune_cli.metrics.names import METRIC_NAMES, metric_names
 from finetune_cli.pipelines.recipes import load_plan
 from finetune_cli.pipelines.train import run_train
 from finetune_cli.ui import UI
@@ -56,8 +56,8 @@ def test_the_plan_names_what_training_evaluates(tmp_path, tiny_model_dir, kind):
 
 def test_plans_of_the_other_kinds(tiny_recipe):
     ce = load_plan(None, tiny_recipe())
-    assert (ce.label_type, ce.evaluation, ce.metrics) == ("class", "classifier", ("accuracy", "f1_macro", "mcc"))
-    assert ce.text_columns == ("text", "text_pair") and ce.joint and ce.params == {"label_smoothing": 0.0}
+    assert (ce.label_type, ce.evaluation, ce.metrics) == ("class", "classifier", metric_names("class"))
+    assert ce.text_columns == ("text", "text_pair") and ce.joint and ce.params == {"label_smoothing": 0.0, "class_weights": None}
     sim = load_plan("simcse_unsup")
     assert (sim.label_type, sim.evaluation, sim.metrics) == (None, "similarity", ("spearman", "pearson"))
     assert not sim.joint and sim.recipe.train.metric == "spearman"

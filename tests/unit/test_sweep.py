@@ -58,7 +58,7 @@ def test_bad_params_rejected_by_the_cli_before_training(tiny_recipe, tmp_path):
         (["--param", "objective.tauu=choice:0.1,0.3"], "tauu"),
         (["--param", "train.lr=bogus"], "unknown kind"),
         (["--param", "train.lr=uniform:1e-5:1e-4", "--param", "train.lr=uniform:1e-5:1e-3"], "given twice"),
-        (["--param", "train.lr=uniform:1e-5:1e-4", "--metric", "spearman"], "--metric spearman: training of this recipe evaluates accuracy, f1_macro, mcc"),
+        (["--param", "train.lr=uniform:1e-5:1e-4", "--metric", "spearman"], "--metric spearman: training of this recipe evaluates accuracy, f1_macro, mcc, f1, precision, recall, roc_auc, pr_auc"),
         ([], "at least one --param"),
     ]
     for args, msg in cases:

@@ -15,6 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from finetune_cli.cli.main import app
+from finetune_cli.metrics.names import metric_names
 from finetune_cli.pipelines.recipes import load_plan, load_recipe
 from finetune_cli.pipelines.train import run_train
 from finetune_cli.ui import UI
@@ -148,7 +149,7 @@ def test_model_card_front_matter_and_body(tiny_recipe):
     assert front["library_name"] == "transformers" and front["pipeline_tag"] == "text-classification"
     assert "base_model" not in front and "a local model folder named `tiny-bert" in text  # a path is no hub id
     assert "scl" in front["tags"]
-    assert front["metrics"] == ["accuracy", "f1_macro", "mcc"]
+    assert front["metrics"] == list(metric_names("class"))
     assert "Gunel" in text and "| `tau` | 0.3 |" in text and "| `lam` | 0.9 |" in text  # objective + paper
     assert "training examples: 64" in text and "| `batch_size` | 8 |" in text
     acc = json.loads((out.run_dir / "best" / "eval_metrics.json").read_text())["accuracy"]
