@@ -127,4 +127,11 @@ def model_card_info(plan: Plan, data: TaskData, state) -> dict[str, Any]:
             "step": step, "eval": dict(state.last_eval) if state is not None else {},
             "log": training_log(plan.run_dir, step, state.last_eval if state is not None else None),
             "metric": recipe.train.metric, "best_metric": getattr(state, "best_metric", None),
-            "best_step": getattr(state, "best_step", None)}
+            "best_step": getattr(state, "best_step", None), "text_columns": list(plan.text_columns),
+            "examples": _examples(data.eval if data.eval is not None else data.train)}
+
+
+def _examples(table, n: int = 3) -> list[str]:
+    """The first sentences of a table (of its first text column), for a card's widget."""
+    texts = (table.columns.get("text") or []) if table is not None else []
+    return [str(t)[:200] for t in texts[:n]]

@@ -78,7 +78,14 @@ def run_export(model_name: str, output: str, ui, *, fmt: str = "transformers", m
         else:
             meta = json.loads((Path(sess.path) / HEAD_SPEC).read_text()) if (Path(sess.path) / HEAD_SPEC).is_file() else {}
             save_text_model(model, sess.tokenizer, tmp, id2label=getattr(model.config, "id2label", None),
-                            extra=meta, max_length=default_max_length(sess.path, sess.tokenizer))
+                            extra=meta, max_length=default_max_length(sess.path, sess.tokenizer),
+                            normalize_embeddings=bool(sess.st is not None and sess.st.normalize))
+        card = Path(sess.path) / "README.md"
+        if card.is_file():  # the card goes along, updated for what the folder now is (push needs one)
+            from finetune_cli.models.card import export_card
+
+            (tmp / "README.md").write_text(export_card(card.read_text(encoding="utf-8"), out, model, fmt, adapter),
+                                           encoding="utf-8")
     secs = time.perf_counter() - t0
     ui.log(f"{sess.path} -> {out} ({fmt}{', adapters merged' if adapter else ''}, {secs:.1f}s)")
     return ExportResult(sess.path, str(out), fmt, adapter, outputs, round(secs, 3))

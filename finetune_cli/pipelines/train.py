@@ -26,7 +26,13 @@ from finetune_cli.engine.inference import pad_id
 from finetune_cli.engine.rng import seed_everything
 from finetune_cli.errors import RunDirError, TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
-from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
+from finetune_cli.models.loading import (
+    base_normalizes,
+    build_text_model,
+    check_max_length,
+    load_text_model,
+    save_text_model,
+)
 from finetune_cli.pipelines.common import EVALUATORS, encode, load_data, model_card_info
 from finetune_cli.pipelines.recipes import Plan, validate_recipe
 from finetune_cli.rundir import CHECKPOINT_MODEL, RunDir, RunLock, checkpoint_problem, same_run
@@ -61,10 +67,16 @@ def run_train(plan: Plan, ui, *, device: str = "auto", data_dir: Optional[str] =
         trainer, data, ck = _setup(plan, run, ui, procs, device=device, data_dir=data_dir_from_env(data_dir),
                                    resume=resume, callbacks=callbacks)
         result = _train(trainer, ck)
-        return TrainOutcome(run.path, _finish(plan, run, trainer, data, result, procs, ui), resumed_from=ck)
+        outcome = TrainOutcome(run.path, _finish(plan, run, trainer, data, result, procs, ui), resumed_from=ck)
     finally:
         if lock is not None:
             lock.release()
+    out = plan.recipe.output
+    if out.push_to_hub and procs.is_main:  # after the lock: the run is complete whatever the push does
+        from finetune_cli.pipelines.push import push_after_training
+
+        outcome.summary["pushed"] = push_after_training(run.path, out.push_to_hub, out.hub_private, ui)
+    return outcome
 
 
 def preflight(plan: Plan, *, device: str = "auto", data_dir: Optional[str] = None) -> None:
@@ -147,11 +159,13 @@ def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui
     ui.log(f"tokenised in {time.perf_counter() - t0:.1f}s (max_length {recipe.model.max_length})")
     meta = {"objective": plan.objective_name, "label_type": plan.label_type, "max_length": recipe.model.max_length}
     holder: dict[str, Trainer] = {}
+    normalize = base_normalizes(recipe.model.name)  # the base's Normalize module is kept
 
     def save_model(m, out: Path) -> None:
         st = holder["trainer"].state if "trainer" in holder else None
         save_text_model(m, tokenizer, out, id2label=data.id2label or None, extra=meta,
-                        max_length=recipe.model.max_length, card=model_card_info(plan, data, st))
+                        max_length=recipe.model.max_length, card=model_card_info(plan, data, st),
+                        normalize_embeddings=normalize)
 
     holder["trainer"] = Trainer(model, plan.build_objective(), train_enc, recipe.train, run.path, pad_id=pid,
                                 save_model=save_model, evaluate=eval_fn, ui=ui, recipe_yaml=recipe.to_yaml(),
