@@ -127,7 +127,7 @@ def model_card_info(plan: Plan, data: TaskData, state) -> dict[str, Any]:
             "step": step, "eval": dict(state.last_eval) if state is not None else {},
             "log": training_log(plan.run_dir, step, state.last_eval if state is not None else None),
             "metric": recipe.train.metric, "best_metric": getattr(state, "best_metric", None),
-            "best_step": getattr(state, "best_step", None), "text_columns": list(plan.text_columns),
+            "best_step": getattr(state, "best_step", None), "text_columns": [c for c in plan.text_columns if data.train is None or c in data.train.columns],
             "examples": _examples(data.eval if data.eval is not None else data.train)}
 
 
