@@ -590,3 +590,6 @@ def save_text_model(model: TextModel, tokenizer, out_dir: str | Path,
         from finetune_cli.models.card import write_model_card
 
         write_model_card(out, model, card)
+    from finetune_cli.fsutil import public_files
+
+    public_files(out)  # the weights as readable as the rest of the folder

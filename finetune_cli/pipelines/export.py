@@ -21,7 +21,7 @@ from typing import Any
 
 from finetune_cli.engine.inference import open_session
 from finetune_cli.errors import ModelError, RunDirError
-from finetune_cli.fsutil import atomic_dir, check_writable_dir
+from finetune_cli.fsutil import atomic_dir, check_writable_dir, public_files
 from finetune_cli.models.loading import HEAD_SPEC, default_max_length, save_text_model
 from finetune_cli.models.lora import is_adapter_folder
 from finetune_cli.models.onnx import copy_folder_files, export_onnx, require_onnx
@@ -86,6 +86,7 @@ def run_export(model_name: str, output: str, ui, *, fmt: str = "transformers", m
 
             (tmp / "README.md").write_text(export_card(card.read_text(encoding="utf-8"), out, model, fmt, adapter),
                                            encoding="utf-8")
+        public_files(tmp)  # (safetensors writes its files private)
     secs = time.perf_counter() - t0
     ui.log(f"{sess.path} -> {out} ({fmt}{', adapters merged' if adapter else ''}, {secs:.1f}s)")
     return ExportResult(sess.path, str(out), fmt, adapter, outputs, round(secs, 3))

@@ -35,7 +35,7 @@ from finetune_cli.models.loading import (
 )
 from finetune_cli.pipelines.common import EVALUATORS, encode, load_data, model_card_info
 from finetune_cli.pipelines.recipes import Plan, validate_recipe
-from finetune_cli.rundir import CHECKPOINT_MODEL, RunDir, RunLock, checkpoint_problem, same_run
+from finetune_cli.rundir import CHECKPOINT_MODEL, LOCK, RunDir, RunLock, checkpoint_problem, same_run
 from finetune_cli.viz.curves import write_curves
 
 
@@ -52,6 +52,9 @@ def run_train(plan: Plan, ui, *, device: str = "auto", data_dir: Optional[str] =
               callbacks: Sequence[Callable] = ()) -> TrainOutcome:
     """Train into ``plan.run_dir``, holding its lock (the main process, for the whole run)."""
     procs = init_distributed(device)
+    # A start refused before training (bad data, a missing model) leaves no folder it created behind.
+    created = [p for p in (plan.run_dir.parent, plan.run_dir) if not p.exists()] if procs.is_main else []
+    started = False
     lock = procs.on_main(lambda: RunLock(plan.run_dir).acquire())
     if lock is not None and lock.took_over:
         ui.log(f"taking over {lock.path}: its holder ({lock.took_over}) is no longer running")
@@ -66,17 +69,30 @@ def run_train(plan: Plan, ui, *, device: str = "auto", data_dir: Optional[str] =
             return TrainOutcome(run.path, summary, already_complete=True)
         trainer, data, ck = _setup(plan, run, ui, procs, device=device, data_dir=data_dir_from_env(data_dir),
                                    resume=resume, callbacks=callbacks)
+        started = True
         result = _train(trainer, ck)
         outcome = TrainOutcome(run.path, _finish(plan, run, trainer, data, result, procs, ui), resumed_from=ck)
     finally:
         if lock is not None:
             lock.release()
+        if not started:
+            _remove_created(created)
     out = plan.recipe.output
     if out.push_to_hub and procs.is_main:  # after the lock: the run is complete whatever the push does
         from finetune_cli.pipelines.push import push_after_training
 
         outcome.summary["pushed"] = push_after_training(run.path, out.push_to_hub, out.hub_private, ui)
     return outcome
+
+
+def _remove_created(created: list[Path]) -> None:
+    """Remove the folders this start created (deepest first) when they hold nothing of a run: a
+    lock, the recipe echo, at most."""
+    import shutil
+
+    for p in reversed(created):
+        if p.is_dir() and all(q.name in (LOCK, "recipe.yaml") for q in p.iterdir()):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def preflight(plan: Plan, *, device: str = "auto", data_dir: Optional[str] = None) -> None:
