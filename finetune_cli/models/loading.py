@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from finetune_cli import rundir
 from finetune_cli.errors import ModelError, RecipeError, error_text
+from finetune_cli.fsutil import public_files
 from finetune_cli.models.card import EMBEDDED_HUB_ID
 from finetune_cli.models.text_model import HeadSpec, TextModel
 
@@ -506,6 +507,8 @@ def _set_labels(config, id2label: Optional[dict[int, str]], spec: HeadSpec) -> N
     if spec.num_labels > 0:
         config.num_labels = spec.num_labels
         config.problem_type = spec.problem_type
+    if spec.problem_type == "regression" and spec.num_labels == 1:
+        config.sentence_transformers = dict(CROSS_ENCODER_IDENTITY)
 
 
 def _hide_from_transformers(out: Path) -> None:
@@ -537,8 +540,8 @@ def save_text_model(model: TextModel, tokenizer, out_dir: str | Path,
                     normalize_embeddings: bool = False) -> None:
     """Write ``model`` as a folder of its kind (see the module docstring), with the tokenizer,
     ``finetune_model.json`` and, when ``card`` is given, a model card (``README.md``).
-    ``normalize_embeddings``: an embedding model's sentence-transformers modules end with
-    ``Normalize`` (its base's did)."""
+    ``normalize_embeddings`` (or the card's ``base_normalizes``): an embedding model's
+    sentence-transformers modules end with ``Normalize`` (its base's did)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _quiet_transformers()
@@ -551,8 +554,6 @@ def save_text_model(model: TextModel, tokenizer, out_dir: str | Path,
         from finetune_cli.models.native import folded_state_dict
 
         _set_labels(model.hf.config, id2label, spec)
-        if spec.problem_type == "regression" and spec.num_labels == 1:
-            model.hf.config.sentence_transformers = dict(CROSS_ENCODER_IDENTITY)
         plain, sn = folded_state_dict(model.hf)
         if adapter:
             save_adapter(model, out, plain)
@@ -585,11 +586,10 @@ def save_text_model(model: TextModel, tokenizer, out_dir: str | Path,
     if model.hf is None:
         write_sentence_transformers_config(out, spec.pooling, model.encoder.config.hidden_size, max_length,
                                            pooled_head=model.has_classifier,
-                                           normalize=normalize_embeddings and not model.has_classifier)
+                                           normalize=(normalize_embeddings or bool((card or {}).get("base_normalizes")))
+                                           and not model.has_classifier)
     if card is not None:
         from finetune_cli.models.card import write_model_card
 
         write_model_card(out, model, card)
-    from finetune_cli.fsutil import public_files
-
     public_files(out)  # the weights as readable as the rest of the folder

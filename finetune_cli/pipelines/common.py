@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from finetune_cli.data import EncodedData, TaskData, encode_table, load_task_data
 from finetune_cli.engine.evaluation import make_classifier_eval, make_similarity_eval
+from finetune_cli.models.loading import base_normalizes
 from finetune_cli.pipelines.recipes import Plan
 from finetune_cli.recipe import Recipe
 
@@ -128,7 +129,8 @@ def model_card_info(plan: Plan, data: TaskData, state) -> dict[str, Any]:
             "log": training_log(plan.run_dir, step, state.last_eval if state is not None else None),
             "metric": recipe.train.metric, "best_metric": getattr(state, "best_metric", None),
             "best_step": getattr(state, "best_step", None), "text_columns": [c for c in plan.text_columns if data.train is None or c in data.train.columns],
-            "examples": _examples(data.eval if data.eval is not None else data.train)}
+            "examples": _examples(data.eval if data.eval is not None else data.train),
+            "base_normalizes": base_normalizes(recipe.model.name)}  # the folder keeps its base's Normalize
 
 
 def _examples(table, n: int = 3) -> list[str]:

@@ -13,12 +13,16 @@ from finetune_cli.models.card import hub_base_model, rename_card
 from finetune_cli.rundir import RunDir, holds_model
 
 
-def push_after_training(run_dir: Path, repo_id: str, private: bool, ui) -> str:
-    """``output.push_to_hub``: the finished run's model folder up, as ``finetune push`` sends it. A
+def push_after_training(run_dir: Path, output, ui) -> Optional[str]:
+    """``output.push_to_hub``: the finished run's model folder up (private with ``output.hub_private``),
+    as ``finetune push`` sends it. A
     failure (offline, no token, no rights) is one line saying the run is complete and kept, and how
     to push it later; the training is not undone."""
+    repo_id = output.push_to_hub
+    if not repo_id:
+        return None
     try:
-        res = run_push(str(run_dir), repo_id, private=private)
+        res = run_push(str(run_dir), repo_id, private=output.hub_private)
     except FinetuneError as e:
         raise OutputError(f"the run {run_dir} is complete and kept, but pushing it failed: {e}; push it later "
                           f"with `finetune push {run_dir} {repo_id}`") from None

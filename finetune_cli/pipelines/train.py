@@ -26,16 +26,11 @@ from finetune_cli.engine.inference import pad_id
 from finetune_cli.engine.rng import seed_everything
 from finetune_cli.errors import RunDirError, TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
-from finetune_cli.models.loading import (
-    base_normalizes,
-    build_text_model,
-    check_max_length,
-    load_text_model,
-    save_text_model,
-)
+from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
 from finetune_cli.pipelines.common import EVALUATORS, encode, load_data, model_card_info
+from finetune_cli.pipelines.push import push_after_training
 from finetune_cli.pipelines.recipes import Plan, validate_recipe
-from finetune_cli.rundir import CHECKPOINT_MODEL, LOCK, RunDir, RunLock, checkpoint_problem, same_run
+from finetune_cli.rundir import CHECKPOINT_MODEL, RunDir, RunLock, checkpoint_problem, same_run
 from finetune_cli.viz.curves import write_curves
 
 
@@ -52,9 +47,6 @@ def run_train(plan: Plan, ui, *, device: str = "auto", data_dir: Optional[str] =
               callbacks: Sequence[Callable] = ()) -> TrainOutcome:
     """Train into ``plan.run_dir``, holding its lock (the main process, for the whole run)."""
     procs = init_distributed(device)
-    # A start refused before training (bad data, a missing model) leaves no folder it created behind.
-    created = [p for p in (plan.run_dir.parent, plan.run_dir) if not p.exists()] if procs.is_main else []
-    started = False
     lock = procs.on_main(lambda: RunLock(plan.run_dir).acquire())
     if lock is not None and lock.took_over:
         ui.log(f"taking over {lock.path}: its holder ({lock.took_over}) is no longer running")
@@ -69,30 +61,11 @@ def run_train(plan: Plan, ui, *, device: str = "auto", data_dir: Optional[str] =
             return TrainOutcome(run.path, summary, already_complete=True)
         trainer, data, ck = _setup(plan, run, ui, procs, device=device, data_dir=data_dir_from_env(data_dir),
                                    resume=resume, callbacks=callbacks)
-        started = True
         result = _train(trainer, ck)
-        outcome = TrainOutcome(run.path, _finish(plan, run, trainer, data, result, procs, ui), resumed_from=ck)
+        return TrainOutcome(run.path, _finish(plan, run, trainer, data, result, procs, ui), resumed_from=ck)
     finally:
         if lock is not None:
             lock.release()
-        if not started:
-            _remove_created(created)
-    out = plan.recipe.output
-    if out.push_to_hub and procs.is_main:  # after the lock: the run is complete whatever the push does
-        from finetune_cli.pipelines.push import push_after_training
-
-        outcome.summary["pushed"] = push_after_training(run.path, out.push_to_hub, out.hub_private, ui)
-    return outcome
-
-
-def _remove_created(created: list[Path]) -> None:
-    """Remove the folders this start created (deepest first) when they hold nothing of a run: a
-    lock, the recipe echo, at most."""
-    import shutil
-
-    for p in reversed(created):
-        if p.is_dir() and all(q.name in (LOCK, "recipe.yaml") for q in p.iterdir()):
-            shutil.rmtree(p, ignore_errors=True)
 
 
 def preflight(plan: Plan, *, device: str = "auto", data_dir: Optional[str] = None) -> None:
@@ -175,13 +148,11 @@ def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui
     ui.log(f"tokenised in {time.perf_counter() - t0:.1f}s (max_length {recipe.model.max_length})")
     meta = {"objective": plan.objective_name, "label_type": plan.label_type, "max_length": recipe.model.max_length}
     holder: dict[str, Trainer] = {}
-    normalize = base_normalizes(recipe.model.name)  # the base's Normalize module is kept
 
     def save_model(m, out: Path) -> None:
         st = holder["trainer"].state if "trainer" in holder else None
         save_text_model(m, tokenizer, out, id2label=data.id2label or None, extra=meta,
-                        max_length=recipe.model.max_length, card=model_card_info(plan, data, st),
-                        normalize_embeddings=normalize)
+                        max_length=recipe.model.max_length, card=model_card_info(plan, data, st))
 
     holder["trainer"] = Trainer(model, plan.build_objective(), train_enc, recipe.train, run.path, pad_id=pid,
                                 save_model=save_model, evaluate=eval_fn, ui=ui, recipe_yaml=recipe.to_yaml(),
@@ -206,6 +177,7 @@ def _finish(plan: Plan, run: RunDir, trainer: Trainer, data: TaskData, result, p
     if trainer.is_main:
         write_curves(run, ui)  # figures/curves.png
         atomic_write_json(run.summary_file, summary)
+        summary["pushed"] = push_after_training(run.path, plan.recipe.output, ui)  # (complete whatever it does)
     procs.barrier()  # no rank reports success before final/ and summary.json exist
     return summary
 
