@@ -13,21 +13,20 @@ from finetune_cli.models.card import hub_base_model, rename_card
 from finetune_cli.rundir import RunDir, holds_model
 
 
-def push_after_training(run_dir: Path, output, ui) -> Optional[str]:
+def push_after_training(run_dir: Path, output, ui, summary: dict[str, Any]) -> None:
     """``output.push_to_hub``: the finished run's model folder up (private with ``output.hub_private``),
-    as ``finetune push`` sends it. A
-    failure (offline, no token, no rights) is one line saying the run is complete and kept, and how
-    to push it later; the training is not undone."""
+    as ``finetune push`` sends it; the commit's URL goes in ``summary["pushed"]``. A failure (offline,
+    no token, no rights) is one line saying the run is complete and kept, and how to push it later."""
     repo_id = output.push_to_hub
     if not repo_id:
-        return None
+        return
     try:
         res = run_push(str(run_dir), repo_id, private=output.hub_private)
     except FinetuneError as e:
         raise OutputError(f"the run {run_dir} is complete and kept, but pushing it failed: {e}; push it later "
                           f"with `finetune push {run_dir} {repo_id}`") from None
     ui.log(f"pushed {res.folder} to {repo_id}: {res.url}")
-    return str(res.url)
+    summary["pushed"] = str(res.url)
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,7 @@ def _finish(plan: Plan, run: RunDir, trainer: Trainer, data: TaskData, result, p
     if trainer.is_main:
         write_curves(run, ui)  # figures/curves.png
         atomic_write_json(run.summary_file, summary)
-        summary["pushed"] = push_after_training(run.path, plan.recipe.output, ui)  # (complete whatever it does)
+        push_after_training(run.path, plan.recipe.output, ui, summary)  # (the run is complete whatever it does)
     procs.barrier()  # no rank reports success before final/ and summary.json exist
     return summary
 
