@@ -39,6 +39,17 @@ def _public(path: Path, is_dir: bool) -> None:
         os.chmod(path, (0o777 if is_dir else 0o666) & ~current_umask())
 
 
+def public_files(folder: str | Path) -> None:
+    """Give every file under ``folder`` the permissions ``open`` gives under the process umask:
+    libraries that write weights privately (safetensors 0.8 writes 0600) would otherwise leave the
+    weights unreadable to the group that can read the rest of the folder."""
+    mode = 0o666 & ~current_umask()
+    for p in Path(folder).rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            with contextlib.suppress(OSError):
+                os.chmod(p, mode)
+
+
 def _free_space(path: Path) -> str:
     p = Path(path)
     while not p.exists() and p != p.parent:

@@ -210,6 +210,9 @@ class OutputConfig:
 
     dir: str = field_spec("runs", help="parent folder of run directories")
     name: Optional[str] = field_spec(None, help="run name; default: the recipe file's stem")
+    push_to_hub: Optional[str] = field_spec(None, help="repo id (`user/name`): push the run's best/ (else final/) "
+                                            "to the Hugging Face Hub when training succeeds")
+    hub_private: bool = field_spec(False, help="create that Hub repository private (`finetune train --private`)")
 
 
 class _Plain:
@@ -303,6 +306,24 @@ TRAINER_NAMES: dict[str, str] = {
     "train.early_stopping_patience", "output_dir": "output.dir", "run_name": "output.name",
     "label_smoothing_factor": "objective.label_smoothing", "model_name_or_path": "model.name",
     "max_seq_length": "model.max_length", "eval_strategy": "train.eval_every", "save_strategy": "train.save_every",
+    "evaluation_strategy": "train.eval_every", "push_to_hub": "output.push_to_hub", "hub_model_id": "output.push_to_hub",
+    "hub_private_repo": "output.hub_private",
+}
+# Trainer names with no key of ours: what finetune does instead.
+TRAINER_NOTES: dict[str, str] = {
+    "load_best_model_at_end": "every run keeps its best evaluation in best/ (by `train.metric`); no key needed",
+    "adam_beta1": "finetune's AdamW uses torch's betas (0.9, 0.999); no key changes them",
+    "adam_beta2": "finetune's AdamW uses torch's betas (0.9, 0.999); no key changes them",
+    "adam_epsilon": "finetune's AdamW uses torch's eps (1e-8); no key changes it",
+    "resume_from_checkpoint": "pass `--resume CHECKPOINT_DIR` to finetune train (a rerun into the same run folder "
+                              "resumes by itself)",
+    "overwrite_output_dir": "pass `--overwrite` to finetune train",
+}
+# Trainer values of a key we have, as ours (`optim=adamw_torch` is our `train.optimizer=adamw`).
+TRAINER_VALUES: dict[str, str] = {
+    "adamw_torch": "adamw", "adamw_torch_fused": "adamw_fused", "adamw_hf": "adamw",
+    "cosine_with_restarts": "cosine (no restarts: one cosine decay over the run)",
+    "cosine_with_min_lr": "cosine (it decays to 0)", "inverse_sqrt": "polynomial",
 }
 
 
@@ -319,10 +340,13 @@ def closest(key: str, options: Sequence[str], listing: Optional[str] = "valid ke
     """The hint for an unknown ``key``: its name in our vocabulary when it is a transformers Trainer
     name, else the one option it begins, else the closest spelling, else ``; <listing>: <options>``
     (nothing when ``listing`` is None)."""
-    ours = TRAINER_NAMES.get(key.rsplit(".", 1)[-1])
+    last = key.rsplit(".", 1)[-1]
+    ours = TRAINER_NAMES.get(last)
     if ours and ours.split("=")[0] != key:  # (`train.seed` is our own key)
-        return f"; did you mean `{ours}`? (`{key.rsplit('.', 1)[-1]}` is a transformers Trainer name)"
-    if (other := OTHER_NAMES.get(key.rsplit(".", 1)[-1])) and other[0] != key:
+        return f"; did you mean `{ours}`? (`{last}` is a transformers Trainer name)"
+    if last in TRAINER_NOTES:
+        return f"; `{last}` is a transformers Trainer name: {TRAINER_NOTES[last]}"
+    if (other := OTHER_NAMES.get(last)) and other[0] != key:
         return f"; did you mean `{other[0]}`? ({other[1]})"
 
     prefixed = [o for o in options if key and str(o).startswith(key)]
@@ -402,7 +426,9 @@ def _check_range(value: Any, meta: Mapping[str, Any], where: str, src: str) -> N
         return
     choices = meta.get("choices")
     if choices and value not in choices:
-        raise RecipeError(f"`{where}` in {src} must be one of {', '.join(map(str, choices))}; got {value!r}")
+        ours = TRAINER_VALUES.get(value) if isinstance(value, str) else None
+        hint = f"; did you mean `{ours}`? (`{value}` is a transformers Trainer value)" if ours else ""
+        raise RecipeError(f"`{where}` in {src} must be one of {', '.join(map(str, choices))}; got {value!r}{hint}")
     for op, test, word in (("gt", lambda v, b: v > b, ">"), ("ge", lambda v, b: v >= b, ">="),
                            ("lt", lambda v, b: v < b, "<"), ("le", lambda v, b: v <= b, "<=")):
         bound = meta.get(op)

@@ -366,7 +366,9 @@ class RunLock:
     left behind by a dead process is stale by construction: the next run takes it over and says
     whose it was. A live holder makes :meth:`acquire` raise :class:`RunDirError` naming its PID
     (and host). The file's content (``pid host``) is only for those messages; a clean
-    :meth:`release` empties it, so only a holder that died leaves its name behind.
+    :meth:`release` empties it, so only a holder that died leaves its name behind. The folders
+    :meth:`acquire` created are removed again by :meth:`release` when they hold nothing of a run
+    (the lock, the recipe echo): a start refused before training leaves no run folder behind.
 
     The lock file is never followed through a symbolic link: a link there (planted, or copied in
     with the folder) would have us truncate and write whatever file it points to.
@@ -376,10 +378,12 @@ class RunLock:
         self.path = Path(run_dir) / LOCK
         self._fd: Optional[int] = None
         self.took_over: Optional[str] = None  # "pid host" of a dead holder we replaced
+        self.created: list[Path] = []  # the folders acquire made (the run's, and its parent)
 
     def acquire(self) -> RunLock:
         import fcntl
 
+        self.created = [p for p in (self.path.parent.parent, self.path.parent) if not p.exists()]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -415,6 +419,9 @@ class RunLock:
             with contextlib.suppress(OSError):
                 os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
+        for p in reversed(self.created):
+            if p.is_dir() and all(q.name in (LOCK, RECIPE) for q in p.iterdir()):
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def _read_holder(fd: int) -> str:

@@ -15,6 +15,7 @@ from finetune_cli.cli.common import (
     View,
     command,
 )
+from finetune_cli.errors import FinetuneError
 from finetune_cli.ui import UI
 
 
@@ -22,8 +23,13 @@ from finetune_cli.ui import UI
 def embed_cmd(
     ui: UI,
     model: ModelArg,
-    input: Annotated[str, typer.Argument(help="Sentences: a .txt file (one per line) or a csv/tsv/jsonl/parquet file.")],
-    output: Annotated[str, typer.Option("--output", "-o", help="Output .npy (+ .ids.npy with row ids) or .parquet.")],
+    input_arg: Annotated[Optional[str], typer.Argument(
+        metavar="INPUT", help="The sentences, as a positional argument (same as --input).", show_default=False)] = None,
+    input: Annotated[Optional[str], typer.Option(
+        "--input", "-i", help="Sentences: a .txt file (one per line) or a csv/tsv/jsonl/parquet file.",
+        show_default=False)] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="Output .npy (+ .ids.npy with row ids) or .parquet.",
+                                        show_default=False)] = ...,
     column: Annotated[Optional[str], typer.Option("--column", "-c", help="Column to embed (name or 0-based index; default: text).")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 64,
     max_length: Annotated[Optional[int], typer.Option("--max-length", min=1, help="Default: a sentence-transformers folder's max_seq_length, else the length the model was trained with, else 512.")] = None,
@@ -37,7 +43,11 @@ def embed_cmd(
     folder is embedded as ``SentenceTransformer(folder).encode`` does."""
     from finetune_cli.pipelines.embed import run_embed
 
-    res = run_embed(model, input, output, ui, column=column, batch_size=batch_size, max_length=max_length,
+    if (input is None) == (input_arg is None):
+        raise FinetuneError("finetune embed: give the sentences once, as --input FILE (or as the argument after "
+                            "the model)" if input is None else "finetune embed: the sentences are given twice "
+                            f"({input_arg} and --input {input}); keep one")
+    res = run_embed(model, input or input_arg or "", output, ui, column=column, batch_size=batch_size, max_length=max_length,
                     normalize=normalize, device=device, precision=precision)
     return View(res.to_dict(), lambda ui: ui.print(
         f"wrote {res.output} ({res.sentences} x {res.dim})" + (f" and {res.ids_file}" if res.ids_file else "")))

@@ -11,6 +11,8 @@ shell completion, error messages and anything else that reads ``help`` see the p
 from __future__ import annotations
 
 import contextlib
+import functools
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,8 +26,25 @@ _SPLIT = "[none][/none]"
 
 
 def as_markup(text: str) -> str:
-    """Rich markup that renders as ``text``: brackets escaped, emoji codes split."""
+    """Rich markup that renders as ``text``: brackets escaped, emoji codes split; a docstring's
+    reStructuredText double backticks as the single ones a terminal reader expects, and its hard
+    line breaks inside a paragraph joined (rich wraps to the terminal; a blank line stays a break)."""
+    text = re.sub(r"(?<!\n)[ \t]*\n[ \t]*(?!\n)", " ", text.replace("``", "`"))
     return escape(text).replace(":", ":" + _SPLIT)
+
+
+# Typer's type column says `<str>`, `<bool>`, `<int range>`: click's words instead, and nothing for a flag.
+_TYPE_WORDS = {"str": "TEXT", "int": "INTEGER", "int range": "INTEGER", "float": "FLOAT", "float range": "FLOAT",
+               "path": "PATH", "bool": ""}
+
+
+def _type_word(param: Any, ctx: Any) -> Any:
+    if getattr(param, "is_flag", False) or getattr(param, "is_bool_flag", False):
+        return ""
+    shown = type(param).display_type_rich(param, ctx)
+    if isinstance(shown, str) and shown.startswith("<") and shown.endswith(">"):
+        return _TYPE_WORDS.get(shown[1:-1], shown[1:-1])
+    return shown
 
 
 @contextlib.contextmanager
@@ -35,7 +54,10 @@ def _markup_help(cmd: Any, ctx: Any) -> Iterator[None]:
     targets = [(cmd, ("help", "short_help", "epilog"))]
     targets += [(p, ("help",)) for p in cmd.get_params(ctx)]
     targets += [(sub, ("help", "short_help")) for sub in getattr(cmd, "commands", {}).values()]
+    typed = [p for p in cmd.get_params(ctx) if hasattr(p, "display_type_rich")]
     try:
+        for p in typed:
+            p.display_type_rich = functools.partial(_type_word, p)
         for obj, attrs in targets:
             for attr in attrs:
                 value = getattr(obj, attr, None)
@@ -46,6 +68,8 @@ def _markup_help(cmd: Any, ctx: Any) -> Iterator[None]:
     finally:
         for obj, attr, value in reversed(saved):
             setattr(obj, attr, value)
+        for p in typed:
+            p.__dict__.pop("display_type_rich", None)
 
 
 class _LiteralHelp:

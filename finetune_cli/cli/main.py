@@ -65,8 +65,22 @@ def _usage_error(e: typer.TyperException) -> NoReturn:
     ctx = getattr(e, "ctx", None)
     where = f"{ctx.command_path}: " if ctx is not None else ""
     hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-    typer.echo(f"error: {where}{error_text(e.format_message())}{hint}", err=True)
+    recipe = _recipe_given_as_argument(e, ctx)
+    if recipe is not None:  # `finetune train quickstart`: the recipe is an option
+        hint = f"; did you mean `{ctx.command_path} -r {recipe}`?"
+    msg = error_text(e.format_message())
+    typer.echo(f"error: {where}{msg.rstrip('.') if recipe else msg}{hint}", err=True)
     sys.exit(e.exit_code)
+
+
+def _recipe_given_as_argument(e: typer.TyperException, ctx: Any) -> Any:
+    """The first positional word, when ``--recipe`` is missing and that word is no override (no
+    ``=``, no ``~``): what the user meant as the recipe."""
+    param = getattr(e, "param", None)
+    if ctx is None or type(e).__name__ != "MissingParameter" or getattr(param, "name", None) != "recipe":
+        return None
+    words = [w for w in (ctx.params.get("overrides") or []) if "=" not in w and not w.startswith("~")]
+    return words[0] if words else None
 
 
 def _closed_pipe() -> NoReturn:

@@ -18,6 +18,7 @@ from finetune_cli.cli.common import (
     View,
     command,
 )
+from finetune_cli.errors import RecipeError
 from finetune_cli.pipelines.recipes import load_plan
 from finetune_cli.ui import UI
 
@@ -40,6 +41,8 @@ def train(
     expect: ExpectOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
+    private: Annotated[bool, typer.Option(
+        "--private", help="With output.push_to_hub: create the Hub repository private (output.hub_private).")] = False,
     nproc: Annotated[int, typer.Option(
         "--nproc", min=1, help="Train on N processes: reruns this command under `torchrun --standalone "
                                "--nproc_per_node N` (ignored when already started by a launcher).")] = 1,
@@ -49,7 +52,10 @@ def train(
     from finetune_cli.metrics.gates import check_known, enforce_on_run
     from finetune_cli.pipelines.train import preflight, run_train
 
-    plan = load_plan(recipe, overrides or [])
+    plan = load_plan(recipe, [*(overrides or []), *(["output.hub_private=true"] if private else [])])
+    if plan.recipe.output.push_to_hub and seeds is not None:
+        raise RecipeError("output.push_to_hub pushes one run: train the seeds without it, then "
+                          "`finetune push` the one to share")
     if gates and plan.metrics:  # fail before training, not after it
         check_known(gates, plan.metrics, " in the final evaluation of training")
     if should_relaunch(nproc):  # bad input is one line from here, not one from each of N processes

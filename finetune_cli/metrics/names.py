@@ -30,3 +30,20 @@ def metric_names(kind: Optional[str]) -> tuple[str, ...]:
 
 def ordered(names: set[str]) -> list[str]:
     return [m for m in METRIC_ORDER if m in names] + sorted(names - set(METRIC_ORDER))
+
+
+# How the Hub's model-index names each metric (its `evaluate` metric ids): ``(type, args)``. A name
+# not listed keeps its own name as type.
+HUB_METRIC_TYPES: dict[str, tuple[str, Optional[dict]]] = {
+    "accuracy": ("accuracy", None), "subset_accuracy": ("accuracy", {"subset": True}),
+    "f1": ("f1", {"average": "binary"}), "f1_macro": ("f1", {"average": "macro"}),
+    "f1_micro": ("f1", {"average": "micro"}), "precision": ("precision", {"average": "binary"}),
+    "recall": ("recall", {"average": "binary"}), "mcc": ("matthews_correlation", None),
+    "roc_auc": ("roc_auc", None), "pr_auc": ("average_precision", None),
+    "pearson": ("pearsonr", None), "spearman": ("spearmanr", None),
+}
+
+
+def hub_metric(name: str) -> tuple[str, Optional[dict]]:
+    """``(type, args)`` of our metric ``name`` in the Hub's model-index."""
+    return HUB_METRIC_TYPES.get(name, (name, None))

@@ -32,6 +32,30 @@ def display_path(out: Path) -> str:
     return str(Path(*parts))
 
 
+def card_name(out: Path) -> str:
+    """The name a card gives its folder (title, snippets, model-index) until it is pushed, when the
+    repo id replaces it (:func:`rename_card`): the folder's name, never a local path; a run's
+    ``runs/sst2/best`` is ``sst2-best``."""
+    p = Path(display_path(out))
+    return f"{p.parent.name}-{p.name}" if p.name in ("best", "final") or checkpoint_step(p) >= 0 else p.name
+
+
+def card_title(text: str) -> Optional[str]:
+    """The name in a card's title (its first ``# `` line after the metadata)."""
+    body = text.split("\n---\n", 1)[-1] if text.startswith("---\n") else text
+    m = re.search(r"^# (.+)$", body, re.M)
+    return m.group(1).strip() if m else None
+
+
+def rename_card(text: str, new: str) -> str:
+    """The card with its name (title, snippets, model-index) replaced by ``new`` (a repo id when
+    pushed, the new folder's name when exported): every occurrence of the old name as a whole word."""
+    old = card_title(text)
+    if not old or old == new:
+        return text
+    return re.sub(rf"(?<![\w./-]){re.escape(old)}(?![\w/-])", new.replace("\\", r"\\"), text)
+
+
 def hub_base_model(name: str) -> Optional[str]:
     """``model.name`` as a hub id, or None for a local folder (whose path means nothing elsewhere)."""
     if name == "embedded":
@@ -74,22 +98,46 @@ def _kind(model) -> str:
     return "embedding" if not model.has_classifier else ("native" if model.hf is not None else "pooled")
 
 
-def _eval_results(info: dict[str, Any], kind: str, dataset: tuple[str, str]):
+def _eval_results(info: dict[str, Any], kind: str, dataset: tuple[str, str, Optional[str], str]):
     from huggingface_hub import EvalResult
 
+    from finetune_cli.metrics.names import hub_metric
+
     task = "sentence-similarity" if kind == "embedding" else "text-classification"
-    return [EvalResult(task_type=task, dataset_type=dataset[0], dataset_name=dataset[1], dataset_split="validation",
-                       metric_type=k, metric_value=float(v), metric_name=k)
-            for k, v in (info.get("eval") or {}).items() if isinstance(v, (int, float)) and k != "loss"] or None
+    out = []
+    for k, v in (info.get("eval") or {}).items():
+        if isinstance(v, (int, float)) and k != "loss":
+            mtype, args = hub_metric(k)
+            out.append(EvalResult(task_type=task, dataset_type=dataset[0], dataset_name=dataset[1],
+                                  dataset_config=dataset[2], dataset_split=dataset[3], metric_type=mtype,
+                                  metric_value=float(v), metric_name=k, metric_args=args))
+    return out or None
 
 
-def _dataset(d: dict[str, Any]) -> tuple[str, str]:
-    """``(id, name)``: a hub dataset id, or the evaluation file's name."""
+def _dataset(d: dict[str, Any]) -> tuple[str, str, Optional[str], str]:
+    """``(id, name, config, split)``: a hub dataset id with its config (``glue`` + ``stsb``), or the
+    evaluation file's name."""
     if d.get("dataset"):
-        hub = str(d["dataset"]).split(":")[0]
-        return hub, hub
+        spec = str(d["dataset"])
+        if ":" in spec:
+            hub, config = spec.split(":", 1)
+        else:
+            head, _, tail = spec.rpartition("/")
+            hub, config = (head, tail) if head.split("/")[-1] == "glue" else (spec, "")
+        return hub, f"{hub} {config}".strip(), config or None, str(d.get("eval_split") or "validation")
     f = Path(str(d.get("eval") or d.get("train") or "local")).name
-    return f, f
+    return f, f, None, "validation"
+
+
+def _widget(kind: str, info: dict[str, Any]) -> Optional[list[dict[str, Any]]]:
+    """The Hub's inference widget: the first evaluation (else training) sentences. A pair
+    classifier gets none (the widget has no second text box)."""
+    ex = [str(t) for t in info.get("examples") or [] if str(t).strip()][:3]
+    if not ex or len(info.get("text_columns") or ()) > 1 and kind != "embedding":
+        return None
+    if kind == "embedding":
+        return [{"source_sentence": ex[0], "sentences": ex[1:] or ex}]
+    return [{"text": t} for t in ex]
 
 
 def card_data(out: Path, model, info: dict[str, Any]):
@@ -103,10 +151,8 @@ def card_data(out: Path, model, info: dict[str, Any]):
     tags = ["finetune", info.get("objective", "?")] + (["sentence-transformers"] if kind == "embedding" else [])
     tags += [model.spec.problem_type.replace("_", "-")] if model.has_classifier else []
     tags += ["peft", "lora"] if m.get("lora") else []
-    p = Path(display_path(out))  # `runs/sst2/best` is `sst2-best`
     return ModelCardData(
-        model_name=f"{p.parent.name}-{p.name}" if p.name in ("best", "final") or checkpoint_step(p) >= 0
-        else p.name,
+        model_name=card_name(out), widget=_widget(kind, info),
         base_model=hub_base_model(str(m.get("name", ""))),
         library_name="peft" if m.get("lora") else {"embedding": "sentence-transformers", "native": "transformers"
                                                      }.get(kind, "finetune"),
@@ -116,20 +162,20 @@ def card_data(out: Path, model, info: dict[str, Any]):
         eval_results=_eval_results(info, kind, dataset))
 
 
-def _intro(path: str, info: dict[str, Any], base_name: str) -> list[str]:
+def _intro(name: str, info: dict[str, Any], base_name: str) -> list[str]:
     hub = hub_base_model(base_name)
     base = f"[`{hub}`](https://huggingface.co/{hub})" if hub else f"a local model folder named `{Path(base_name).name}`"
     loss = info.get("loss") or {}
     paper = loss.get("paper")
     if paper and loss.get("arxiv"):
         paper = f"[{paper}](https://arxiv.org/abs/{loss['arxiv']})"
-    lines = [f"# {path}", "", f"Fine-tuned from {base} with [finetune](https://pypi.org/project/finetune-cli/), "
+    lines = [f"# {name}", "", f"Fine-tuned from {base} with [finetune](https://pypi.org/project/finetune-cli/), "
              f"objective `{info.get('objective', '?')}`.", "", "## Objective", "", loss.get("loss") or "", ""]
     lines += [f"Paper: {paper}.", ""] if paper else []
     if (info.get("recipe", {}).get("model") or {}).get("lora"):
         lines += ["This folder is a LoRA adapter (peft) over the base model: load it with peft "
                   "(`AutoPeftModelForSequenceClassification`, or `SentenceTransformer` for an embedding model), "
-                  f"or fold it into a plain folder with `finetune export {path} --merge -o merged`.", ""]
+                  f"or fold it into a plain folder with `finetune export {name} --merge -o merged`.", ""]
     params = info.get("params") or {}
     if params:
         lines += ["| hyper-parameter | value |", "|---|---|"] + [f"| `{k}` | {v} |" for k, v in params.items()] + [""]
@@ -186,7 +232,13 @@ def _evaluation(info: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _snippet(kind: str, path: str, problem: str, normalize: bool = False) -> str:
+# A snippet that reads the folder's files itself needs a local folder: the Hub's copy of a repo id.
+_LOCAL_COPY = ("from pathlib import Path\nfrom huggingface_hub import snapshot_download\n\n\n"
+               "def local_copy(name):  # a folder here, else the Hub's files of the repo id\n"
+               "    return name if Path(name).is_dir() else snapshot_download(name)\n\n\n")
+
+
+def _snippet(kind: str, path: str, problem: str, normalize: bool = False, pair: bool = False) -> str:
     if kind == "embedding":
         return (f"```python\nfrom sentence_transformers import SentenceTransformer\n\n"
                 f"model = SentenceTransformer({path!r})\nemb = model.encode([\"A sentence.\", \"Another one.\"])\n```\n\n"
@@ -200,19 +252,27 @@ def _snippet(kind: str, path: str, problem: str, normalize: bool = False) -> str
                 "that reason. The encoder is a sentence-transformers body and the head is "
                 "`finetune_head.safetensors`; the logits are:\n\n"
                 f"```python\nimport torch\nfrom safetensors.torch import load_file\n"
-                f"from sentence_transformers import SentenceTransformer\n\n"
-                f"body, head = SentenceTransformer({path!r}), load_file({path + '/finetune_head.safetensors'!r})\n"
+                f"from sentence_transformers import SentenceTransformer\n{_LOCAL_COPY}"
+                f"folder = local_copy({path!r})\n"
+                f"body, head = SentenceTransformer(folder), load_file(folder + \"/finetune_head.safetensors\")\n"
                 f"emb = body.encode([\"A sentence.\"], convert_to_tensor=True)\n{norm}"
                 f"logits = emb @ head[\"classifier.out_proj.weight\"].T + head[\"classifier.out_proj.bias\"]\n```\n\n"
                 f"or with finetune: `finetune predict {path} --input data.csv --output predictions.csv`, "
                 f"`load_text_model({path!r})` from `finetune_cli.models`. "
                 f"Retrain with `model.head=native` for a folder transformers loads as is.\n")
     extra = {"regression": ', function_to_apply="none"', "multi_label_classification": ", top_k=None"}.get(problem, "")
+    # A pair model reads its two texts as one sequence ([CLS] a [SEP] b [SEP]): both go in, as a pair.
+    inp = '{"text": "A sentence.", "text_pair": "Another sentence."}' if pair else '"A sentence."'
+    tok_args = '"A sentence.", "Another sentence."' if pair else '"A sentence."'
+    cross = ("\n# or sentence-transformers' CrossEncoder (it applies no sigmoid: the score is the model's)\n"
+             f"from sentence_transformers import CrossEncoder\n\nscores = CrossEncoder({path!r}).predict("
+             f"[(\"A sentence.\", \"Another sentence.\")])\n") if pair and problem == "regression" else ""
     return (f"```python\nfrom transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline\n\n"
             f"clf = pipeline(\"text-classification\", model={path!r}{extra})\n"
-            f"print(clf(\"A sentence.\", truncation=True))  # the tokenizer cuts at the trained length\n\n"
+            f"print(clf({inp}, truncation=True))  # the tokenizer cuts at the trained length\n\n"
             f"# or the model itself\nmodel = AutoModelForSequenceClassification.from_pretrained({path!r})\n"
-            f"tokenizer = AutoTokenizer.from_pretrained({path!r})\n```\n\n"
+            f"tokenizer = AutoTokenizer.from_pretrained({path!r})\n"
+            f"logits = model(**tokenizer({tok_args}, truncation=True, return_tensors=\"pt\")).logits\n{cross}```\n\n"
             f"or `finetune predict {path} --input data.csv --output predictions.csv`.\n")
 
 
@@ -220,14 +280,64 @@ def render_model_card(out: Path, model, info: dict[str, Any]) -> str:
     """The card's text. ``info`` comes from the training pipeline: ``recipe`` (plain dict),
     ``objective``, ``loss`` (``Objective.describe``), ``params``, ``train_examples``,
     ``eval_examples``, ``labels``, ``step``, ``eval`` (metrics of the latest evaluation), ``log``
-    (the training log's rows), ``metric``, ``best_metric``, ``best_step``."""
-    path = display_path(out)
-    name = str(info.get("recipe", {}).get("model", {}).get("name", "?"))
-    lines = _intro(path, info, name) + _head(model, info) + _data_and_training(info) + _evaluation(info)
-    lines += ["## Use it", "", _snippet(_kind(model), path, model.spec.problem_type, model.spec.normalize)]
+    (the training log's rows), ``metric``, ``best_metric``, ``best_step``, ``text_columns`` (the
+    model's inputs) and ``examples`` (a few input sentences, for the Hub's widget)."""
+    name = card_name(out)
+    base = str(info.get("recipe", {}).get("model", {}).get("name", "?"))
+    lines = _intro(name, info, base) + _head(model, info) + _data_and_training(info) + _evaluation(info)
+    pair = len(info.get("text_columns") or ()) > 1
+    lines += ["## Use it", "", _snippet(_kind(model), name, model.spec.problem_type, model.spec.normalize, pair)]
     lines += ["## Framework versions", ""] + [f"- {k}: {v}" for k, v in framework_versions().items()] + [""]
     return f"---\n{card_data(out, model, info).to_yaml()}\n---\n\n" + "\n".join(lines)
 
 
 def write_model_card(out: Path, model, info: dict[str, Any]) -> None:
     (Path(out) / "README.md").write_text(render_model_card(Path(out), model, info), encoding="utf-8")
+
+
+def export_card(text: str, out: Path, model, fmt: str, merged: bool) -> str:
+    """The source folder's card, for what ``finetune export`` made of it: named after the new folder,
+    its metadata (library, tags) and "Use it" section for a merged folder or an ONNX graph, a line
+    saying what the folder is; the training record (data, log, evaluation) stays as it was."""
+    from huggingface_hub import ModelCard
+
+    card = ModelCard(rename_card(text, card_name(out)))
+    data, kind, name = card.data, _kind(model), card_name(out)
+    tags = [t for t in (data.tags or []) if not (merged and t in ("peft", "lora"))]
+    if fmt == "onnx":
+        tags += ["onnx"]
+        data.library_name = "sentence-transformers" if kind == "embedding" else "onnx"
+        what = ("This folder is the ONNX export (`model.onnx`, opset 18, fp32; LoRA adapters folded in) of the "
+                "model below, written by `finetune export --format onnx`; the training record is the source's.")
+    else:
+        data.library_name = "sentence-transformers" if kind == "embedding" else "transformers"
+        what = ("This folder is the model below with its LoRA adapters merged into the weights "
+                "(`finetune export --merge`): a plain folder, no peft needed; the training record is the source's.")
+    data.tags = tags
+    body = card.text
+    body = re.sub(r"This folder is a LoRA adapter \(peft\).*?\n\n", "", body, flags=re.S)
+    body = re.sub(r"^(# .+\n\n)", lambda m: m.group(1) + what + "\n\n", body, count=1, flags=re.M)
+    use = _onnx_snippet(kind, name) if fmt == "onnx" else _snippet(
+        kind, name, model.spec.problem_type, model.spec.normalize, _is_pair_card(body))
+    body = re.sub(r"## Use it\n\n.*?(?=## Framework versions)", lambda m: f"## Use it\n\n{use}\n", body, flags=re.S)
+    return f"---\n{data.to_yaml()}\n---\n\n{body.lstrip()}"
+
+
+def _is_pair_card(body: str) -> bool:
+    return '"text_pair"' in body
+
+
+def _onnx_snippet(kind: str, name: str) -> str:
+    if kind == "embedding":
+        return (f"```python\nfrom sentence_transformers import SentenceTransformer\n\n"
+                f"model = SentenceTransformer({name!r}, backend=\"onnx\")  # needs optimum[onnxruntime]\n"
+                f"emb = model.encode([\"A sentence.\", \"Another one.\"])\n```\n\n"
+                f"or `finetune embed {name} sentences.txt --output emb.npy` (onnxruntime only).\n")
+    return ("The graph takes the tokenizer's tensors and returns `logits` (and the pooled `embeddings`):\n\n"
+            f"```python\nimport onnxruntime as ort\nfrom transformers import AutoTokenizer\n{_LOCAL_COPY}"
+            f"folder = local_copy({name!r})\n"
+            f"tokenizer = AutoTokenizer.from_pretrained(folder)\n"
+            f"session = ort.InferenceSession(folder + \"/model.onnx\")\n"
+            f"enc = tokenizer([\"A sentence.\"], truncation=True, return_tensors=\"np\")\n"
+            f"logits = session.run([\"logits\"], {{i.name: enc[i.name] for i in session.get_inputs()}})[0]\n```\n\n"
+            f"or `finetune predict {name} --input data.csv --output predictions.csv`.\n")

@@ -23,6 +23,8 @@ from safetensors.torch import load_file, save_file
 from finetune_cli import rundir
 from finetune_cli.checkpoint import run_model_dir
 from finetune_cli.errors import ModelError, RecipeError, error_text
+from finetune_cli.fsutil import public_files
+from finetune_cli.models.card import EMBEDDED_HUB_ID
 from finetune_cli.models.text_model import HeadSpec, TextModel
 
 HEAD_WEIGHTS = "finetune_head.safetensors"
@@ -341,11 +343,24 @@ def _adapter_base(path: str) -> Optional[tuple[str, Optional[str], object]]:
     if not is_adapter_folder(path):
         return None
     cfg = read_adapter_config(path)
+    name = cfg.base_model_name_or_path
+    if name == EMBEDDED_HUB_ID and not cfg.revision:  # the same weights, shipped: no download, works offline
+        name = "embedded"
     try:
-        base, base_local = resolve_model(cfg.base_model_name_or_path)
+        base, base_local = resolve_model(name)
     except ModelError as e:
         raise ModelError(f"cannot load the LoRA adapter in {path}: its base model: {e}") from None
     return base, None if base_local else cfg.revision, cfg
+
+
+def adapter_base_id(name: str, path: str, is_local: bool) -> str:
+    """What a LoRA adapter folder records as its base (``base_model_name_or_path``): the hub id, so
+    that peft and sentence-transformers find the base anywhere (the embedded model is
+    ``sentence-transformers/all-MiniLM-L6-v2`` on the Hub), else the local folder's absolute path
+    (which only this machine can read: ``finetune push`` refuses such an adapter)."""
+    if name == "embedded":
+        return EMBEDDED_HUB_ID
+    return str(Path(path).resolve()) if is_local else path
 
 
 def load_embedding_model(name: str, revision: Optional[str] = None):
@@ -404,8 +419,7 @@ def build_text_model(name: str, make_spec, revision: Optional[str] = None, dropo
     if lora is not None:
         from finetune_cli.models.lora import add_lora
 
-        add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules,
-                 str(Path(path).resolve()) if is_local else path, rev)
+        add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules, adapter_base_id(name, path, is_local), rev)
     return model, tokenizer
 
 
@@ -433,10 +447,13 @@ def default_truncation(path: str) -> str:
 
 
 def write_sentence_transformers_config(out: Path, pooling: str, dim: int, max_length: Optional[int],
-                                       pooled_head: bool = False) -> None:
-    """``modules.json`` + ``1_Pooling/config.json`` so ``SentenceTransformer(out)`` embeds exactly as
-    ``finetune embed`` does (encoder -> pooling, no projection MLP, no normalisation). A pooled
-    head's folder gets them too (its body is what the head reads), with the weights' real name."""
+                                       pooled_head: bool = False, normalize: bool = False) -> None:
+    """The files ``SentenceTransformer.save`` writes, so ``SentenceTransformer(out)`` embeds exactly as
+    ``finetune embed`` does: ``modules.json`` (Transformer -> Pooling [-> Normalize]),
+    ``1_Pooling/config.json``, ``2_Normalize/`` when ``normalize`` (the base model's own Normalize
+    module, kept so that an index built on the base's unit vectors still works),
+    ``sentence_bert_config.json`` and ``config_sentence_transformers.json``. A pooled head's folder
+    gets them too (its body is what the head reads), with the weights' real name."""
     modes = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
     if pooling not in modes:  # `pooler` (BERT's tanh layer) has no sentence-transformers equivalent
         return
@@ -448,11 +465,51 @@ def write_sentence_transformers_config(out: Path, pooling: str, dim: int, max_le
     (out / "1_Pooling" / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        (out / "2_Normalize").mkdir(exist_ok=True)
+        (out / "2_Normalize" / "config.json").write_text(json.dumps(
+            {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"}, indent=2) + "\n")
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
     (out / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
     st = {"max_seq_length": max_length or 512, "do_lower_case": False}
     if pooled_head:
         st["config_kwargs"] = {"transformers_weights": "model.safetensors"}
     (out / "sentence_bert_config.json").write_text(json.dumps(st, indent=2) + "\n")
+    (out / "config_sentence_transformers.json").write_text(json.dumps(_st_model_config(), indent=2) + "\n")
+
+
+def _st_model_config() -> dict:
+    """``config_sentence_transformers.json`` as sentence-transformers writes it: the versions the
+    folder was written with, no prompts, cosine similarity."""
+    from importlib import metadata
+
+    versions = {}
+    for key, dist in (("sentence_transformers", "sentence-transformers"), ("transformers", "transformers"),
+                      ("pytorch", "torch")):
+        try:
+            versions[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return {"model_type": "SentenceTransformer", "__version__": versions, "prompts": {}, "default_prompt_name": None,
+            "similarity_fn_name": "cosine"}
+
+
+def base_normalizes(name: str) -> bool:
+    """Whether the model ``name`` (a sentence-transformers folder, the embedded model, a run) ends
+    its embedding pipeline with ``Normalize``: a folder fine-tuned from it keeps that module."""
+    from finetune_cli.models.st_folder import read_st_config
+
+    try:
+        path, is_local = resolve_model(name)
+        st = read_st_config(path) if is_local else None
+    except ModelError:  # a hub id, or modules finetune does not embed with: training reports those itself
+        return False
+    return bool(st is not None and st.normalize)
+
+
+# What sentence-transformers' CrossEncoder applies to a 1-label model's logit unless its config says
+# otherwise is a sigmoid; a regression model's score is the raw output (finetune's `predict` score).
+CROSS_ENCODER_IDENTITY = {"activation_fn": "torch.nn.modules.linear.Identity"}
 
 
 def _set_labels(config, id2label: Optional[dict[int, str]], spec: HeadSpec) -> None:
@@ -462,6 +519,8 @@ def _set_labels(config, id2label: Optional[dict[int, str]], spec: HeadSpec) -> N
     if spec.num_labels > 0:
         config.num_labels = spec.num_labels
         config.problem_type = spec.problem_type
+    if spec.problem_type == "regression" and spec.num_labels == 1:
+        config.sentence_transformers = dict(CROSS_ENCODER_IDENTITY)
 
 
 def _hide_from_transformers(out: Path) -> None:
@@ -489,9 +548,12 @@ def _save_tokenizer(tokenizer, out: Path, max_length: Optional[int]) -> None:
 
 def save_text_model(model: TextModel, tokenizer, out_dir: str | Path,
                     id2label: Optional[dict[int, str]] = None, extra: Optional[dict] = None,
-                    max_length: Optional[int] = None, card: Optional[dict] = None) -> None:
+                    max_length: Optional[int] = None, card: Optional[dict] = None,
+                    normalize_embeddings: bool = False) -> None:
     """Write ``model`` as a folder of its kind (see the module docstring), with the tokenizer,
-    ``finetune_model.json`` and, when ``card`` is given, a model card (``README.md``)."""
+    ``finetune_model.json`` and, when ``card`` is given, a model card (``README.md``).
+    ``normalize_embeddings`` (or the card's ``base_normalizes``): an embedding model's
+    sentence-transformers modules end with ``Normalize`` (its base's did)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _quiet_transformers()
@@ -535,8 +597,11 @@ def save_text_model(model: TextModel, tokenizer, out_dir: str | Path,
     (out / HEAD_SPEC).write_text(json.dumps(meta, indent=2) + "\n")
     if model.hf is None:
         write_sentence_transformers_config(out, spec.pooling, model.encoder.config.hidden_size, max_length,
-                                           pooled_head=model.has_classifier)
+                                           pooled_head=model.has_classifier,
+                                           normalize=(normalize_embeddings or bool((card or {}).get("base_normalizes")))
+                                           and not model.has_classifier)
     if card is not None:
         from finetune_cli.models.card import write_model_card
 
         write_model_card(out, model, card)
+    public_files(out)  # the weights as readable as the rest of the folder

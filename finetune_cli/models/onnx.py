@@ -5,7 +5,10 @@ labels, the tokenizer, ``finetune_model.json``, a sentence-transformers folder's
 pooling config): finetune reads it as any model folder (labels, length, pooling) and runs the graph
 in onnxruntime. The graph takes the tokenizer's tensors (``input_ids``, ``attention_mask`` and,
 for BERT-like models, ``token_type_ids``; int64, batch and length dynamic) and returns ``logits``
-(classifiers) and ``embeddings`` (the pooled sentence embedding, before any normalisation).
+(classifiers) and ``embeddings`` (the pooled sentence embedding, before any normalisation). An
+embedding model's graph also returns ``last_hidden_state`` (the token embeddings), the output
+optimum's ``ORTModelForFeatureExtraction`` reads, so ``SentenceTransformer(folder, backend="onnx")``
+runs the same graph and applies the folder's own Pooling and Normalize modules.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from finetune_cli.errors import ModelError, error_text
 from finetune_cli.models.text_model import HeadSpec, ModelOutput
 
 ONNX_FILE = "model.onnx"
+TOKEN_OUTPUT = "last_hidden_state"  # the name optimum's feature-extraction class (and so ST) reads
 OPSET = 18
 # Weights and adapters stay behind: the graph holds the weights (adapters folded in).
 _LEFT_BEHIND = (".safetensors", ".bin", ".pt", ".onnx", "adapter_config.json", "README.md")
@@ -47,7 +51,8 @@ def is_onnx_folder(path: str | Path) -> bool:
 
 
 class _Graph(nn.Module):
-    """The function exported: tokenizer tensors in, ``(logits, embeddings)`` or ``embeddings`` out."""
+    """The function exported: tokenizer tensors in, ``(logits, embeddings)`` or, for an embedding
+    model, ``(embeddings, last_hidden_state)`` out."""
 
     def __init__(self, model):
         super().__init__()
@@ -57,8 +62,14 @@ class _Graph(nn.Module):
         features = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             features["token_type_ids"] = token_type_ids
-        out = self.model(features)
-        return (out.logits, out.embeddings) if out.logits is not None else out.embeddings
+        if self.model.has_classifier:
+            out = self.model(features)
+            return out.logits, out.embeddings
+        from finetune_cli.models.text_model import pool
+
+        enc = self.model.encoder(**features)
+        return pool(enc.last_hidden_state, attention_mask, self.model.spec.pooling,
+                    getattr(enc, "pooler_output", None)), enc.last_hidden_state
 
 
 def export_onnx(model, features: dict[str, torch.Tensor], out: Path) -> list[str]:
@@ -66,7 +77,7 @@ def export_onnx(model, features: dict[str, torch.Tensor], out: Path) -> list[str
     batch ``features``; returns the output names."""
     require_onnx("--format onnx", exporter=True)
     names = tuple(n for n in ("input_ids", "attention_mask", "token_type_ids") if n in features)
-    outputs = ["logits", "embeddings"] if model.has_classifier else ["embeddings"]
+    outputs = ["logits", "embeddings"] if model.has_classifier else ["embeddings", TOKEN_OUTPUT]
     batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
     shapes = tuple({0: batch, 1: length} for _ in names)
     # The exporter's progress lines and its notes on absent optional packages (torchvision) are noise.

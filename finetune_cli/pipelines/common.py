@@ -13,6 +13,7 @@ from finetune_cli.data import EncodedData, TaskData, encode_table, load_task_dat
 from finetune_cli.data.encode import length_note
 from finetune_cli.engine.evaluation import TEXT_COLUMNS, make_classifier_eval, make_similarity_eval
 from finetune_cli.errors import RecipeError
+from finetune_cli.models.loading import base_normalizes
 from finetune_cli.pipelines.recipes import Plan
 from finetune_cli.recipe import Recipe
 
@@ -182,4 +183,12 @@ def model_card_info(plan: Plan, data: TaskData, state) -> dict[str, Any]:
             "step": step, "eval": dict(state.last_eval) if state is not None else {},
             "log": training_log(plan.run_dir, step, state.last_eval if state is not None else None),
             "metric": recipe.train.metric, "best_metric": getattr(state, "best_metric", None),
-            "best_step": getattr(state, "best_step", None)}
+            "best_step": getattr(state, "best_step", None), "text_columns": [c for c in plan.text_columns if data.train is None or c in data.train.columns],
+            "examples": _examples(data.eval if data.eval is not None else data.train),
+            "base_normalizes": base_normalizes(recipe.model.name)}  # the folder keeps its base's Normalize
+
+
+def _examples(table, n: int = 3) -> list[str]:
+    """The first sentences of a table (of its first text column), for a card's widget."""
+    texts = (table.columns.get("text") or []) if table is not None else []
+    return [str(t)[:200] for t in texts[:n]]

@@ -21,7 +21,7 @@ from typing import Any
 
 from finetune_cli.engine.inference import open_session
 from finetune_cli.errors import ModelError, RunDirError
-from finetune_cli.fsutil import atomic_dir, check_writable_dir
+from finetune_cli.fsutil import atomic_dir, check_writable_dir, public_files
 from finetune_cli.models.loading import (
     HEAD_SPEC,
     default_max_length,
@@ -92,7 +92,15 @@ def run_export(model_name: str, output: str, ui, *, fmt: str = "transformers", m
         else:
             meta = json.loads((Path(sess.path) / HEAD_SPEC).read_text()) if (Path(sess.path) / HEAD_SPEC).is_file() else {}
             save_text_model(model, sess.tokenizer, tmp, id2label=getattr(model.config, "id2label", None),
-                            extra=meta, max_length=default_max_length(sess.path, sess.tokenizer))
+                            extra=meta, max_length=default_max_length(sess.path, sess.tokenizer),
+                            normalize_embeddings=bool(sess.st is not None and sess.st.normalize))
+        card = Path(sess.path) / "README.md"
+        if card.is_file():  # the card goes along, updated for what the folder now is (push needs one)
+            from finetune_cli.models.card import export_card
+
+            (tmp / "README.md").write_text(export_card(card.read_text(encoding="utf-8"), out, model, fmt, adapter),
+                                           encoding="utf-8")
+        public_files(tmp)  # (safetensors writes its files private)
     secs = time.perf_counter() - t0
     ui.log(f"{sess.path} -> {out} ({fmt}{', adapters merged' if adapter else ''}, {secs:.1f}s)")
     return ExportResult(sess.path, str(out), fmt, adapter, outputs, round(secs, 3))

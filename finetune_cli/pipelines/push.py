@@ -10,8 +10,24 @@ from typing import Any, Optional
 
 from finetune_cli.checkpoint import run_model_dir
 from finetune_cli.errors import FinetuneError, ModelError, OutputError, error_text
-from finetune_cli.models.card import hub_base_model
+from finetune_cli.models.card import hub_base_model, rename_card
 from finetune_cli.rundir import RunDir, holds_model
+
+
+def push_after_training(run_dir: Path, output, ui, summary: dict[str, Any]) -> None:
+    """``output.push_to_hub``: the finished run's model folder up (private with ``output.hub_private``),
+    as ``finetune push`` sends it; the commit's URL goes in ``summary["pushed"]``. A failure (offline,
+    no token, no rights) is one line saying the run is complete and kept, and how to push it later."""
+    repo_id = output.push_to_hub
+    if not repo_id:
+        return
+    try:
+        res = run_push(str(run_dir), repo_id, private=output.hub_private)
+    except FinetuneError as e:
+        raise OutputError(f"the run {run_dir} is complete and kept, but pushing it failed: {e}; push it later "
+                          f"with `finetune push {run_dir} {repo_id}`") from None
+    ui.log(f"pushed {res.folder} to {repo_id}: {res.url}")
+    summary["pushed"] = str(res.url)
 
 
 @dataclass(frozen=True)
@@ -58,26 +74,54 @@ def check_card(folder: Path) -> None:
                          f"link; remove it from the card's metadata (or retrain with this version)")
 
 
-def check_repo_id(repo_id: str) -> None:
+def check_adapter(folder: Path) -> None:
+    """A LoRA adapter folder names its base by a hub id: a local path (a base trained or stored on
+    this machine) cannot be found by whoever downloads the adapter."""
+    from finetune_cli.models.lora import is_adapter_folder
+    from finetune_cli.models.st_folder import folder_json
+    from finetune_cli.rundir import ADAPTER_CONFIG
+
+    if not is_adapter_folder(folder):
+        return
+    base = folder_json(folder / ADAPTER_CONFIG).get("base_model_name_or_path")
+    if not isinstance(base, str) or hub_base_model(base) != base:
+        raise ModelError(f"{folder}/{ADAPTER_CONFIG}: the adapter's base model is the local path {base}, which "
+                         f"nobody who downloads it can load; push the base model first and train over its hub id, "
+                         f"or push a merged folder (finetune export {folder} --merge -o DIR)")
+
+
+def check_repo_id(repo_id: str, where: str = "") -> None:
+    """A ``user/name`` repo id the Hub accepts (``where``: what the error line starts with)."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
         validate_repo_id(repo_id)
     except HFValidationError as e:
-        raise FinetuneError(f"repo id {repo_id!r} is not valid: {error_text(e, 160)}") from None
+        raise FinetuneError(f"{where}repo id {repo_id!r} is not valid: {error_text(e, 160)}") from None
     if repo_id.count("/") != 1:
-        raise FinetuneError(f"repo id {repo_id!r} must be `user/name` or `organisation/name`")
+        raise FinetuneError(f"{where}repo id {repo_id!r} must be `user/name` or `organisation/name`")
 
 
-def _upload(folder: Path, repo_id: str, private: bool, revision: Optional[str], message: str) -> str:
-    from huggingface_hub import HfApi
+def hub_card(folder: Path, repo_id: str) -> bytes:
+    """The card as it goes up: named by the repo id (title, snippets, model-index) instead of the
+    folder's name, so its snippets load the model from the Hub as written."""
+    return rename_card((folder / "README.md").read_text(encoding="utf-8"), repo_id).encode("utf-8")
+
+
+def _upload(folder: Path, files: list[str], repo_id: str, private: bool, revision: Optional[str],
+            message: str) -> str:
+    """One commit of ``files`` (the card renamed for ``repo_id``): ``HfApi.create_commit``, what
+    ``upload_folder`` itself calls."""
+    from huggingface_hub import CommitOperationAdd, HfApi
 
     api = HfApi()
+    ops = [CommitOperationAdd(path_in_repo=f, path_or_fileobj=hub_card(folder, repo_id) if f == "README.md"
+                              else str(folder / f)) for f in files]
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)
         if revision:
             api.create_branch(repo_id, branch=revision, exist_ok=True)
-        info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, revision=revision, commit_message=message)
+        info = api.create_commit(repo_id, operations=ops, commit_message=message, revision=revision)
     except Exception as e:  # noqa: BLE001 - offline, no token, no rights, network: one line
         raise OutputError(f"cannot push to {repo_id} on the Hugging Face Hub: {type(e).__name__}: "
                           f"{error_text(e, 200)}") from None
@@ -91,9 +135,10 @@ def run_push(model: str, repo_id: str, *, private: bool = False, revision: Optio
     check_repo_id(repo_id)
     folder = model_folder(model)
     check_card(folder)
+    check_adapter(folder)
     files = sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file())
     res = PushResult(repo_id, str(folder), files, private, revision, dry_run)
     if dry_run:
         return res
-    url = _upload(folder, repo_id, private, revision, f"finetune push {folder.parent.name}/{folder.name}")
+    url = _upload(folder, files, repo_id, private, revision, f"finetune push {folder.parent.name}/{folder.name}")
     return PushResult(repo_id, str(folder), files, private, revision, False, url)

@@ -137,6 +137,11 @@ def validate_recipe(recipe: R) -> R:
     elif names and metric not in names:
         raise RecipeError(f"`train.metric` in {recipe.source} is `{metric}`, which objective `{obj.name}` does "
                           f"not compute" + closest(metric, names, listing="it computes"))
+    repo = getattr(getattr(recipe, "output", None), "push_to_hub", None)
+    if repo is not None:  # refused before any training, not after it
+        from finetune_cli.pipelines.push import check_repo_id
+
+        check_repo_id(repo, f"`output.push_to_hub` in {recipe.source}: ")
     return dataclasses.replace(recipe, objective=obj, train=train)
 
 

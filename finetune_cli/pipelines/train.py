@@ -28,6 +28,7 @@ from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
 from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
 from finetune_cli.pipelines.common import EVALUATORS, attach_label_texts, encode, load_data, model_card_info
+from finetune_cli.pipelines.push import push_after_training
 from finetune_cli.pipelines.recipes import Plan, validate_recipe
 from finetune_cli.rundir import RunDir, RunLock, same_run
 from finetune_cli.viz.curves import write_curves
@@ -167,6 +168,7 @@ def _finish(plan: Plan, run: RunDir, trainer: Trainer, data: TaskData, result, p
     if trainer.is_main:
         write_curves(run, ui)  # figures/curves.png
         atomic_write_json(run.summary_file, summary)
+        push_after_training(run.path, plan.recipe.output, ui, summary)  # (the run is complete whatever it does)
     procs.barrier()  # no rank reports success before final/ and summary.json exist
     return summary
 

@@ -75,8 +75,9 @@ def test_regression_card_is_hub_metadata_generated_from_the_run(tmp_path, tiny_m
     assert "a local model folder named `my-base`" in text
     name, results = model_index_to_eval_results(front["model-index"])
     scores = json.loads((best / "eval_metrics.json").read_text())
-    assert name == "reg-best" and {r.metric_type: r.metric_value for r in results} == pytest.approx(
+    assert name == "reg-best" and {r.metric_name: r.metric_value for r in results} == pytest.approx(
         {k: scores[k] for k in ("pearson", "spearman")})
+    assert {r.metric_type for r in results} == {"pearsonr", "spearmanr"}  # the Hub's metric ids
     assert "Mean squared error" in text and "cross-entropy" not in text.lower() and "smoothing" not in text
     assert "### Training log" in text and re.search(r"\| 2 \| \S+ \| [0-9.]+ \| ", text)
     assert f"- huggingface-hub: {hub_version}" in text and "- transformers: " in text
@@ -96,8 +97,12 @@ def test_card_of_a_hub_base_names_it_and_the_paper(tmp_path):
     assert "squared error" in registry.get("ce").describe("regression")["loss"]
 
 
-def _exec_card_snippet(folder):
-    code = re.findall(r"```python\n(.*?)```", (folder / "README.md").read_text(), re.S)[0]
+def _exec_card_snippet(folder, text=None):
+    """Run the card's first snippet with the card's name (a repo id once pushed) pointing at ``folder``."""
+    from finetune_cli.models.card import rename_card
+
+    code = re.findall(r"```python\n(.*?)```", rename_card(text or (folder / "README.md").read_text(), str(folder)),
+                      re.S)[0]
     scope: dict = {}
     exec(compile(code, "card", "exec"), scope)  # noqa: S102 - the card's own documented snippet
     return scope["logits"]

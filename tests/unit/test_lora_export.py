@@ -154,8 +154,14 @@ def test_an_embedding_objective_saves_a_sentence_transformers_adapter_folder(tin
     ours = sess.forward(sess.encode_texts(SENTENCES), 8, want=("embeddings",))["embeddings"]
     st = SentenceTransformer(str(final), device="cpu").encode(SENTENCES, convert_to_numpy=True)
     assert np.abs(ours - st).max() < 1e-5
-    from finetune_cli.pipelines.push import run_push  # the adapter folder (no config.json) can go up
+    from finetune_cli.errors import ModelError
+    from finetune_cli.pipelines.push import run_push
 
+    with pytest.raises(ModelError, match="base model is the local path"):  # nobody else could load its base
+        run_push(str(out.run_dir), "someone/simcse-lora", dry_run=True)
+    cfg = json.loads((final / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = "someone/tiny-bert"  # over a hub base, the folder (no config.json) goes up
+    (final / "adapter_config.json").write_text(json.dumps(cfg))
     assert "adapter_model.safetensors" in run_push(str(out.run_dir), "someone/simcse-lora", dry_run=True).files
 
 
