@@ -316,6 +316,8 @@ def coerce(value: Any, tp: Any, where: str, src: str) -> Any:
                 return coerce(value, a, where, src)
             except RecipeError as e:
                 errors.append(e)
+        if len(errors) == 1:  # Optional[X]: X's own error names the sub-key and its rule
+            raise errors[0]
         names = " or ".join(_type_name(a) for a in args if a is not type(None))
         raise RecipeError(f"`{where}` in {src} must be {names}, got {value!r}")
     if origin in (list, Sequence):
@@ -389,7 +391,19 @@ def build_section(cls: type, data: Any, prefix: str, src: str) -> Any:
         value = coerce(value, hints[key], where, src)
         _check_range(value, fields[key].metadata, where, src)
         kwargs[key] = value
+    if cls is OutputConfig:
+        _check_output_name(kwargs.get("name"), f"{prefix}.name" if prefix else "name", src)
     return cls(**kwargs)
+
+
+def _check_output_name(name: Optional[str], where: str, src: str) -> None:
+    """``output.name`` is one folder name under ``output.dir``: a path there (``../x``, ``/abs``)
+    would put the run, and what ``--overwrite`` deletes, anywhere."""
+    if name is None:
+        return
+    if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise RecipeError(f"`{where}` in {src} is {name!r}: a run name is one folder name under output.dir "
+                          f"(no `/`, not `.` or `..`); set output.dir for another parent folder")
 
 
 def _build_objective(data: Any, prefix: str, src: str) -> ObjectiveConfig:

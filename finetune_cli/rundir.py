@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import struct
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
@@ -86,6 +87,25 @@ def checkpoint_step(p: Path) -> int:
 def holds_model(folder: Path) -> bool:
     """A saved model folder: a transformers ``config.json``, or a LoRA adapter's ``adapter_config.json``."""
     return (folder / MODEL_CONFIG).is_file() or (folder / ADAPTER_CONFIG).is_file()
+
+
+def model_inputs(name: str | Path, whole_run: bool = True) -> list[tuple[str, Path]]:
+    """The folders a command that reads model ``name`` reads (for ``fsutil.check_apart``): the run
+    directory (``whole_run``), the model folder it stands for, and a LoRA adapter's local base
+    model. A hub id or a missing path reads nothing local: []."""
+    p = Path(name).expanduser()
+    if not p.is_dir():
+        return []
+    run = RunDir(p)
+    folder = run.model_dir() if run.is_run() else p
+    out = [("run directory", p)] if run.is_run() and whole_run else []
+    if folder is not None:
+        out.append(("model folder", folder))
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            base = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+            if isinstance(base, str) and Path(base).expanduser().is_dir():
+                out.append(("adapter's base model", Path(base).expanduser()))
+    return out
 
 
 def is_complete_checkpoint(p: Path) -> bool:
@@ -366,8 +386,9 @@ class RunLock:
     (and host). The file's content (``pid host``) is only for those messages; a clean
     :meth:`release` empties it, so only a holder that died leaves its name behind.
 
-    The lock file is never followed through a symbolic link: a link there (planted, or copied in
-    with the folder) would have us truncate and write whatever file it points to.
+    The lock file is never followed through a symbolic link, and one with another name (a hard
+    link) or that is not a regular file is refused: a link there (planted, or copied in with the
+    folder) would have us truncate and write whatever file it points to.
     """
 
     def __init__(self, run_dir: Path):
@@ -386,6 +407,12 @@ class RunLock:
                 raise
             raise RunDirError(f"{self.path} is a symbolic link; a run's lock file must be a plain file "
                               "(remove the link)") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            why = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"a hard link ({st.st_nlink} names)"
+            raise RunDirError(f"{self.path} is {why}; a run's lock file must be a plain file of one name, as "
+                              f"writing it would change the other (remove it)")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

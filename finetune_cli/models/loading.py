@@ -134,10 +134,26 @@ def _load_errors(path: str) -> Iterator[None]:
         raise
 
 
+# A tokenizer is one of these files (or a sentencepiece ``*.model``): a folder without any would
+# make transformers build an empty tokenizer that reads every word as [UNK].
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
+                   "tokenizer.model")
+
+
+def check_tokenizer_files(path: str | Path) -> None:
+    """Refuse a local model folder that holds no tokenizer vocabulary, naming the files looked for."""
+    p = Path(path)
+    if not any((p / f).is_file() for f in TOKENIZER_FILES) and not any(p.glob("*.model")):
+        raise ModelError(f"the model folder {p} has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])} …); copy "
+                         f"them from the model it was trained or exported from")
+
+
 def load_tokenizer(path: str, revision: Optional[str] = None):
     from transformers import AutoTokenizer
 
     _quiet_transformers()
+    if _is_local(path):
+        check_tokenizer_files(path)
     with _load_errors(path):
         return AutoTokenizer.from_pretrained(path, revision=revision)
 

@@ -3,6 +3,7 @@ a model card says about a run."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Callable
@@ -14,6 +15,24 @@ from finetune_cli.data import EncodedData, TaskData, encode_table, load_task_dat
 from finetune_cli.engine.evaluation import make_classifier_eval, make_similarity_eval
 from finetune_cli.pipelines.recipes import Plan
 from finetune_cli.recipe import Recipe
+
+
+def recipe_inputs(recipe: Recipe) -> list[tuple[str, Path]]:
+    """What a run of ``recipe`` reads from local disk (its model folders and data files), which its
+    output folder must be apart from (``fsutil.check_apart``)."""
+    from finetune_cli.data.sources import resolve_path
+    from finetune_cli.errors import DataError
+    from finetune_cli.rundir import model_inputs
+
+    out = list(model_inputs(recipe.model.name)) if recipe.model.name != "embedded" else []
+    for what, f in (("training data", recipe.data.train), ("evaluation data", recipe.data.eval)):
+        if f:
+            with contextlib.suppress(DataError):  # data:… without a data folder: refused where it is read
+                out.append((what, resolve_path(f)))
+    return out
+
+
+CWD = (("current folder", "."),)  # a folder replaced whole cannot be (or hold) the one we stand in
 
 
 def load_data(plan: Plan, data_dir: Optional[Path], need_train: bool = True, need_eval: bool = False,

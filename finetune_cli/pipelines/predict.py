@@ -23,7 +23,9 @@ from finetune_cli.data.sources import CHUNK_ROWS, CONVERT_HINT, TableFile, open_
 from finetune_cli.data.table_io import ColumnTypes, check_table_output, table_writer
 from finetune_cli.engine.inference import open_session
 from finetune_cli.errors import DataError, ModelError
+from finetune_cli.fsutil import check_apart
 from finetune_cli.metrics.tasks import prediction_columns
+from finetune_cli.rundir import model_inputs
 
 
 @dataclass
@@ -81,6 +83,7 @@ def _output_columns(spec, labels: list[str], src: _Input, input_path: str) -> tu
 def run_predict(model_name: str, input_path: str, output: str, ui, *, column: str = "text",
                 pair_column: Optional[str] = None, batch_size: int = 64, max_length: Optional[int] = None,
                 device: str = "auto", precision: str = "auto", chunk_rows: int = CHUNK_ROWS) -> PredictResult:
+    check_apart(output, model_inputs(model_name, whole_run=False), "--output")
     src = _check_input(input_path, output, [c for c in (column, pair_column) if c is not None], chunk_rows)
     sess = open_session(model_name, device=device, precision=precision, max_length=max_length)
     model, path = sess.model, sess.path

@@ -27,13 +27,15 @@ import numpy as np
 import yaml
 
 from finetune_cli.data.probe_tasks import Protocol, materialize_task
+from finetune_cli.data.sources import resolve_path
 from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine.device import resolve_device
 from finetune_cli.engine.inference import file_features
-from finetune_cli.fsutil import atomic_write_json, atomic_write_text, check_writable_dir
+from finetune_cli.fsutil import atomic_write_json, atomic_write_text, check_apart, check_writable_dir
 from finetune_cli.metrics.probe import linear_probe_accuracy, probe_summary
 from finetune_cli.models.loading import load_text_model
 from finetune_cli.models.text_model import HeadSpec
+from finetune_cli.pipelines.common import CWD
 from finetune_cli.pipelines.recipes import plan_for, validate_objective
 from finetune_cli.pipelines.train import run_train
 from finetune_cli.recipe import (
@@ -43,7 +45,7 @@ from finetune_cli.recipe import (
     probe_stage_recipe,
     to_plain,
 )
-from finetune_cli.rundir import RunDir, same_job
+from finetune_cli.rundir import RunDir, model_inputs, same_job
 from finetune_cli.viz.probe import plot_probe
 
 
@@ -90,6 +92,9 @@ def probe_model(model, tokenizer, tasks: dict[str, dict], r: ProbeRecipe) -> dic
 
 
 def _check_out_dir(r: ProbeRecipe, out: Path, overwrite: bool) -> None:
+    inputs = [*model_inputs(r.model.name), *((f"data of task {name}", resolve_path(f)) for name, t in r.probe.tasks.items()
+                                              for f in (t.data.train, t.data.eval) if f and not f.startswith("data:"))]
+    check_apart(out, inputs, "output folder", around=CWD)
     stored = out / "probe_recipe.yaml"
     job = r.to_dict()
     old = yaml.safe_load(stored.read_text(encoding="utf-8")) if stored.is_file() else None
