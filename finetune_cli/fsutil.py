@@ -128,18 +128,19 @@ def check_apart(output: str | Path, inputs: Iterable[tuple[str, Optional[str | P
     folders the output may lie inside but must not be or hold (the current folder: a folder
     replaced whole cannot be the one the process stands in)."""
     out = real_path(output)
+    found = []  # (rank, how, name, input): the closest relation is the one named
     for name, inp in inputs:
         if inp is None or str(inp) == "":
             continue
         src = real_path(inp)
         if out == src:
-            how = "is"
-        elif src in out.parents:
-            how = "lies inside"
+            found.append((0, "is", name, inp))
         elif out in src.parents:
-            how = "holds"
-        else:
-            continue
+            found.append((1, "holds", name, inp))
+        elif src in out.parents:
+            found.append((2, "lies inside", name, inp))
+    if found:
+        _, how, name, inp = min(found, key=lambda f: f[0])
         raise FinetuneError(f"{what} {output} {how} the {name} {inp}; writing it would replace what the command "
                             f"reads: choose an output outside it")
     for name, folder in around:

@@ -401,7 +401,7 @@ def _check_output_name(name: Optional[str], where: str, src: str) -> None:
     would put the run, and what ``--overwrite`` deletes, anywhere."""
     if name is None:
         return
-    if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+    if name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
         raise RecipeError(f"`{where}` in {src} is {name!r}: a run name is one folder name under output.dir "
                           f"(no `/`, not `.` or `..`); set output.dir for another parent folder")
 
