@@ -836,3 +836,38 @@ def np_load(p):
     import numpy as np
 
     return np.load(p, allow_pickle=False)
+
+
+def test_a_figures_link_is_replaced_not_written_through(tmp_path, tiny_model_dir):
+    """A run folder's ``figures/`` that is a symbolic link: training writes ``curves.png`` into a real
+    ``figures/`` inside the run, and the folder the link pointed to stays empty."""
+    pytest.importorskip("matplotlib")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    argv = ["train", "-r", "quickstart", f"model.name={tiny_model_dir}", *RUN_OVERRIDES,
+            f"output.dir={tmp_path / 'runs'}", "--device", "cpu", "-q"]
+    assert runner.invoke(app, argv).exit_code == 0
+    run = tmp_path / "runs" / "t"  # cut before its end (it resumes), its figures/ a link
+    (run / "summary.json").unlink()
+    shutil.rmtree(run / "final")
+    shutil.rmtree(run / "figures")
+    (run / "figures").symlink_to(elsewhere)
+    res = runner.invoke(app, argv)
+    assert res.exit_code == 0, res.output
+    assert not (run / "figures").is_symlink() and (run / "figures" / "curves.png").is_file()
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_warmup_longer_than_the_run_is_named(tmp_path, tiny_model_dir):
+    """``train.warmup_steps`` beyond the last step: a warning naming the key, the run's steps and the
+    fraction of ``train.lr`` reached (a warning, not a refusal: a short trial of a long recipe is fair)."""
+    res = runner.invoke(app, ["train", "-r", "quickstart", f"model.name={tiny_model_dir}", *RUN_OVERRIDES,
+                              "train.warmup_steps=100", f"output.dir={tmp_path / 'runs'}",
+                              "--device", "cpu", "-q"])
+    assert res.exit_code == 0, res.output
+    warn = [ln for ln in res.stderr.splitlines() if "train.warmup_steps" in ln]
+    assert len(warn) == 1 and "100" in warn[0] and "2 steps" in warn[0] and "2%" in warn[0], res.stderr
+    ok = runner.invoke(app, ["train", "-r", "quickstart", f"model.name={tiny_model_dir}", *RUN_OVERRIDES,
+                             "train.warmup_steps=2", "output.name=u", f"output.dir={tmp_path / 'runs'}",
+                             "--device", "cpu", "-q"])
+    assert ok.exit_code == 0 and "warmup" not in ok.stderr, ok.stderr
