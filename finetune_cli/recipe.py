@@ -64,7 +64,7 @@ class ModelConfig:
     name: str = field_spec("embedded", help="`embedded` (packaged all-MiniLM-L6-v2), a local folder, a run directory or a hub id")
     pooling: str = field_spec("mean", choices=("cls", "mean", "pooler"), help="how token states become one sentence "
                               "embedding: mean of the non-padding tokens, the first token, or the encoder's pooler")
-    max_length: int = field_spec(128, gt=0, le=8192, help="tokens kept per encoded sequence (a jointly encoded "
+    max_length: int = field_spec(128, gt=0, help="tokens kept per encoded sequence (a jointly encoded "
                                  "pair counts both texts); longer inputs are truncated")
     classifier_dropout: Optional[float] = field_spec(None, ge=0.0, lt=1.0, help="dropout before the head; None = the encoder's hidden dropout")
     revision: Optional[str] = field_spec(None, help="hub revision (branch, tag or commit)")

@@ -14,6 +14,7 @@ one chunk at a time; :func:`read_file` gathers them into one :class:`Table` of l
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import itertools
 import json
@@ -78,7 +79,8 @@ def detect_format(path: Path, fmt: str) -> str:
     for s in reversed([s.lower() for s in path.suffixes]):
         if s[1:] in FORMATS:
             return s[1:]
-    raise DataError(f"cannot tell the format of {path} from its extension; set data.format (csv, tsv, jsonl, json, parquet, txt)")
+    raise DataError(f"cannot tell the format of {path} from its extension: name it .csv, .tsv, .jsonl, .json, .parquet "
+                    f"or .txt (a recipe may set data.format instead)")
 
 
 ENCODING_HINT = "set data.encoding (e.g. data.encoding=latin-1) or convert the file to UTF-8"
@@ -106,6 +108,13 @@ def check_input_file(path: Path, src: str) -> None:
     if not stat.S_ISREG(mode):
         kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
         raise DataError(f"data file {src} is not a regular file but {kind}; write the rows to a file and pass that")
+    magic = b""
+    with contextlib.suppress(OSError), path.open("rb") as f:
+        magic = f.read(4)
+    for sig, kind, tool in ((b"\x1f\x8b", "gzip", "gunzip"), (b"PK\x03\x04", "zip", "unzip"),
+                            (b"BZh", "bzip2", "bunzip2"), (b"\xfd7zX", "xz", "unxz")):
+        if magic.startswith(sig) and path.suffix.lower() not in (".parquet",):
+            raise DataError(f"data file {src} is {kind}-compressed; decompress it first ({tool} {src})")
 
 
 def is_missing(v: Any, words: tuple[str, ...] = ()) -> bool:

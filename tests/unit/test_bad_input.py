@@ -79,6 +79,8 @@ DATA: dict[str, tuple[str, Union[str, bytes]]] = {
     "long_header_tsv": ("long_header.tsv", "sentence\t" + "h" * (1 << 20) + "\ngood\tx\n"),
     "long_row_tsv": ("long_row.tsv", "sentence\tlabel\ngood\tpositive\n" + "w " * (1 << 19) + "x\tnegative\n"),
     "long_line_txt": ("long_line.txt", "a cat\n" + "w" * ((1 << 20) + 1) + "\n"),
+    "gzip_tsv": ("rows.tsv", b"\x1f\x8b\x08\x00compressed bytes"),
+    "no_ext": ("rows", "sentence\tlabel\ngood\tpositive\n"),
     "nested_labels_jsonl": ("nested.jsonl", '{"sentence": "fun", "label": ["comedy"]}\n'
                                             '{"sentence": "sad", "label": [["comedy"], 3]}\n'),
 }
@@ -616,6 +618,16 @@ CASES = [
     C("predict-input-loop", [*PRED, "-i", "{loop}", "-o", "{tmp}/p.csv"], 2, "loop.tsv", left=["{tmp}/p.csv"]),
     C("augment-input-loop", [*AUG, "-i", "{loop}", "-o", "{tmp}/a.tsv"], 2, "loop.tsv", left=["{tmp}/a.tsv"]),
     C("report-run-loop", ["report", "{loop}", "--no-plot"], 2, "loop.tsv"),
+    # ---- misleading lines: name the key, the rule and the fix ---------------------------------
+    C("predict-gzip", [*PRED, "-i", "{gzip_tsv}", "-o", "{tmp}/p.csv"], 2, "rows.tsv", "gzip-compressed", "gunzip",
+      left=["{tmp}/p.csv"]),
+    C("train-gzip", [*TRAIN, "data.train={gzip_tsv}"], 2, "rows.tsv", "gzip-compressed", left=NOT_MODEL),
+    C("predict-no-extension", [*PRED, "-i", "{no_ext}", "-o", "{tmp}/p.csv"], 2, "cannot tell the format",
+      "name it .csv", left=["{tmp}/p.csv"]),
+    C("train-max-length-huge", [*TRAIN, "model.max_length=100000"], 2, "model.max_length", "position limit", "128",
+      left=NOT_MODEL),
+    C("export-out-is-cwd-elsewhere", [*ONNX, "{tmp}/here/..", "--overwrite"], 2, "holds the", cwd="{tmp}/here",
+      kept=KEEP_RUN),
     # ---- recipe sub-keys name the key and its rule ---------------------------------------------
     C("recipes-validate-lora-r-zero", ["recipes", "validate", "quickstart", "model.lora.r=0"], 2, "`model.lora.r`",
       "> 0"),
