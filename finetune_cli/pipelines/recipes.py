@@ -123,6 +123,8 @@ def validate_recipe(recipe: R) -> R:
     problem = resolve_problem_type(recipe, cls)
     if problem is not None and problem != recipe.model.problem_type:
         recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, problem_type=problem))
+    if recipe.train.refit_head:
+        _check_refit(cls, problem, obj.name, recipe.source)
     names = _training_metrics(cls, cls.label_type_for(problem), recipe.train.refit_head)
     train, metric = recipe.train, recipe.train.metric
     if metric is None:
@@ -131,6 +133,20 @@ def validate_recipe(recipe: R) -> R:
         raise RecipeError(f"`train.metric` in {recipe.source} is `{metric}`, which objective `{obj.name}` does "
                           f"not compute" + closest(metric, names, listing="it computes"))
     return dataclasses.replace(recipe, objective=obj, train=train)
+
+
+def _check_refit(cls: type[Objective], problem: Optional[str], name: str, src: str) -> None:
+    """``train.refit_head`` refits a softmax head: what the objective's class says refuses it here,
+    as ``recipes validate`` and before any model loads (``engine.head_refit`` keeps the checks
+    only the loaded model can answer)."""
+    why = ("it trains no classifier head" if not cls.needs_classifier
+           else f"the problem is {problem}, and the refit is a softmax (logistic-regression) head"
+           if problem not in (None, "single_label_classification")
+           else "its head is spectrally normalised, and a refit would undo the 1-Lipschitz constraint"
+           if cls.spectral_norm_head else None)
+    if why is not None:
+        raise RecipeError(f"`train.refit_head` in {src} does not apply to objective `{name}`: {why}; drop "
+                          f"train.refit_head")
 
 
 def _text_columns(cls: type[Objective]) -> tuple[str, ...]:

@@ -628,6 +628,10 @@ CASES = [
       left=NOT_MODEL),
     C("export-out-is-cwd-elsewhere", [*ONNX, "{tmp}/here/..", "--overwrite"], 2, "holds the", cwd="{tmp}/here",
       kept=KEEP_RUN),
+    C("recipes-validate-refit-r4f", ["recipes", "validate", "quickstart", "train.refit_head=true",
+                                     "objective.name=r4f"], 2, "train.refit_head", "r4f", "spectrally"),
+    C("recipes-validate-refit-regression", ["recipes", "validate", "quickstart", "train.refit_head=true",
+                                            "model.problem_type=regression"], 2, "train.refit_head", "regression"),
     # ---- recipe sub-keys name the key and its rule ---------------------------------------------
     C("recipes-validate-lora-r-zero", ["recipes", "validate", "quickstart", "model.lora.r=0"], 2, "`model.lora.r`",
       "> 0"),
