@@ -128,6 +128,10 @@ def check_apart(output: str | Path, inputs: Iterable[tuple[str, Optional[str | P
     folders the output may lie inside but must not be or hold (the current folder: a folder
     replaced whole cannot be the one the process stands in)."""
     out = real_path(output)
+    # A data input (its name says `file` or `data`) that is a folder is left to its reader, which
+    # refuses it in its own words ("is a directory") rather than here as a folder the output is in.
+    inputs = [(n, p) for n, p in inputs
+              if p is not None and not (("file" in n or "data" in n) and Path(p).is_dir())]
     found = []  # (rank, how, name, input): the closest relation is the one named
     for name, inp in inputs:
         if inp is None or str(inp) == "":

@@ -887,3 +887,27 @@ def test_a_warmup_longer_than_the_run_is_named(tmp_path, tiny_model_dir):
                              "train.warmup_steps=2", "output.name=u", f"output.dir={tmp_path / 'runs'}",
                              "--device", "cpu", "-q"])
     assert ok.exit_code == 0 and "warmup" not in ok.stderr, ok.stderr
+
+
+def test_check_apart_names_the_closest_relation_through_links(tmp_path):
+    """The one check every writer runs: is / holds / lies inside an input, a second name (a link)
+    caught too, the closest relation named, a link loop no error of its own."""
+    from finetune_cli.errors import FinetuneError
+    from finetune_cli.fsutil import check_apart
+
+    run = tmp_path / "runs" / "t"
+    (run / "best").mkdir(parents=True)
+    (tmp_path / "alias").symlink_to(run)
+    inputs = [("run directory", run), ("model folder", run / "best")]
+    for out, words in ((run, "is the run directory"), (run / "best", "is the model folder"),
+                       (tmp_path / "alias" / "best", "is the model folder"), (tmp_path / "runs", "holds the run"),
+                       (run / "x", "lies inside the run directory"), (tmp_path / "alias", "is the run directory")):
+        with pytest.raises(FinetuneError, match=words):
+            check_apart(out, inputs)
+    for out in (tmp_path / "other", tmp_path / "runs" / "u", tmp_path / "runs" / "t2"):
+        check_apart(out, inputs)  # apart: nothing raised
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    check_apart(tmp_path / "loop", inputs)
+    with pytest.raises(FinetuneError, match="is the current folder"):
+        check_apart(tmp_path, [], around=[("current folder", tmp_path)])
+    check_apart(tmp_path / "sub", [], around=[("current folder", tmp_path)])  # inside the current folder: fine
