@@ -30,7 +30,7 @@ from typing import Any, Optional
 import yaml
 
 from finetune_cli.errors import CorruptCheckpointError, RecipeError, RunDirError, error_text
-from finetune_cli.fsutil import WRITE_TEST_PREFIX
+from finetune_cli.fsutil import WRITE_TEST_PREFIX, check_apart
 from finetune_cli.recipe import Recipe, build_recipe
 
 RECIPE = "recipe.yaml"
@@ -47,6 +47,7 @@ CHECKPOINT_MODEL = "model"
 CHECKPOINT_RECIPE = RECIPE  # every checkpoint carries the recipe it was written under
 LOCK = ".finetune.lock"
 MODEL_CONFIG = "config.json"
+ONNX_MODEL = "model.onnx"  # an ONNX folder's graph (models/onnx.py)
 ADAPTER_CONFIG = "adapter_config.json"  # a LoRA adapter folder (models/lora.py); an embedding one has no config.json
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 _SEED_DIR = re.compile(r"seed-(-?\d+)")
@@ -106,6 +107,25 @@ def model_inputs(name: str | Path, whole_run: bool = True) -> list[tuple[str, Pa
             if isinstance(base, str) and Path(base).expanduser().is_dir():
                 out.append(("adapter's base model", Path(base).expanduser()))
     return out
+
+
+def recipe_inputs(recipe: Recipe) -> list[tuple[str, Path]]:
+    """What a run of ``recipe`` reads from local disk: its model folders and data files (``pkg:`` and
+    ``data:`` names lie in the package and the data folder, which no run folder is made in)."""
+    out = list(model_inputs(recipe.model.name)) if recipe.model.name != "embedded" else []
+    for what, f in (("training data", recipe.data.train), ("evaluation data", recipe.data.eval)):
+        if f and not f.startswith(("pkg:", "data:")):
+            out.append((what, Path(f).expanduser()))
+    return out
+
+
+CWD = (("current folder", "."),)  # a folder replaced whole cannot be (or hold) the one we stand in
+
+
+def check_output_apart(output: Path, recipe: Recipe, what: str = "output folder") -> None:
+    """``output`` (a run, probe or sweep folder, which ``--overwrite`` empties) is not, and neither
+    holds nor lies inside, what ``recipe`` reads, nor the current folder (``fsutil.check_apart``)."""
+    check_apart(output, recipe_inputs(recipe), what, around=CWD)
 
 
 def is_complete_checkpoint(p: Path) -> bool:
@@ -265,6 +285,10 @@ class RunDir:
 
     def is_complete(self) -> bool:
         return self.summary_file.is_file()
+
+    def check_apart(self, recipe: Recipe) -> None:
+        """The run folder is apart from what ``recipe`` reads (:func:`check_output_apart`)."""
+        check_output_apart(self.path, recipe)
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def checkpoints(self, complete: bool = True) -> list[Path]:

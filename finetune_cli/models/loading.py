@@ -407,9 +407,8 @@ def build_text_model(name: str, make_spec, revision: Optional[str] = None, dropo
     path, is_local = resolve_model(name)
     if is_local:
         from finetune_cli.models.lora import is_adapter_folder
-        from finetune_cli.models.onnx import is_onnx_folder
 
-        if is_onnx_folder(path):
+        if (Path(path) / rundir.ONNX_MODEL).is_file():
             raise ModelError(f"model.name {name} is an ONNX folder (model.onnx), which runs in onnxruntime but "
                              f"cannot be trained; train from the model folder it was exported from")
         if is_adapter_folder(path):

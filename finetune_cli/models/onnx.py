@@ -22,8 +22,9 @@ from torch import nn
 
 from finetune_cli.errors import ModelError, error_text
 from finetune_cli.models.text_model import HeadSpec, ModelOutput
+from finetune_cli.rundir import ONNX_MODEL
 
-ONNX_FILE = "model.onnx"
+ONNX_FILE = ONNX_MODEL
 OPSET = 18
 # Weights and adapters stay behind: the graph holds the weights (adapters folded in).
 _LEFT_BEHIND = (".safetensors", ".bin", ".pt", ".onnx", "adapter_config.json", "README.md")

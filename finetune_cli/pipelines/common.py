@@ -3,7 +3,6 @@ a model card says about a run."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 from collections.abc import Callable
@@ -17,22 +16,16 @@ from finetune_cli.pipelines.recipes import Plan
 from finetune_cli.recipe import Recipe
 
 
-def recipe_inputs(recipe: Recipe) -> list[tuple[str, Path]]:
-    """What a run of ``recipe`` reads from local disk (its model folders and data files), which its
-    output folder must be apart from (``fsutil.check_apart``)."""
-    from finetune_cli.data.sources import resolve_path
-    from finetune_cli.errors import DataError
-    from finetune_cli.rundir import model_inputs
-
-    out = list(model_inputs(recipe.model.name)) if recipe.model.name != "embedded" else []
-    for what, f in (("training data", recipe.data.train), ("evaluation data", recipe.data.eval)):
-        if f:
-            with contextlib.suppress(DataError):  # data:… without a data folder: refused where it is read
-                out.append((what, resolve_path(f)))
-    return out
-
-
-CWD = (("current folder", "."),)  # a folder replaced whole cannot be (or hold) the one we stand in
+def warn_long_warmup(trainer, ui):
+    """``train.warmup_steps`` beyond the run's last step: the learning rate never reaches
+    ``train.lr``. A warning, not a refusal: a short trial run of a long recipe is a fair thing to do.
+    Returns ``trainer``."""
+    cfg, total = trainer.cfg, trainer.total_steps
+    if cfg.warmup_steps is not None and cfg.warmup_steps > total:
+        ui.warn(f"train.warmup_steps {cfg.warmup_steps} is more than the run's {total} steps: the learning rate "
+                f"never reaches train.lr (it ends at {total / cfg.warmup_steps:.0%} of it); lower "
+                f"train.warmup_steps, or set train.warmup_ratio instead")
+    return trainer
 
 
 def load_data(plan: Plan, data_dir: Optional[Path], need_train: bool = True, need_eval: bool = False,

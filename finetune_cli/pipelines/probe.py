@@ -35,7 +35,6 @@ from finetune_cli.fsutil import atomic_write_json, atomic_write_text, check_apar
 from finetune_cli.metrics.probe import linear_probe_accuracy, probe_summary
 from finetune_cli.models.loading import load_text_model
 from finetune_cli.models.text_model import HeadSpec
-from finetune_cli.pipelines.common import CWD
 from finetune_cli.pipelines.recipes import plan_for, validate_objective
 from finetune_cli.pipelines.train import run_train
 from finetune_cli.recipe import (
@@ -45,7 +44,7 @@ from finetune_cli.recipe import (
     probe_stage_recipe,
     to_plain,
 )
-from finetune_cli.rundir import RunDir, model_inputs, same_job
+from finetune_cli.rundir import CWD, RunDir, model_inputs, same_job
 from finetune_cli.viz.probe import plot_probe
 
 

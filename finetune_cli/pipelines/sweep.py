@@ -45,13 +45,12 @@ from finetune_cli.engine.search import (
     trial_row,
 )
 from finetune_cli.errors import TrainingError
-from finetune_cli.fsutil import atomic_write_json, atomic_write_text, check_apart
-from finetune_cli.pipelines.common import CWD, recipe_inputs
+from finetune_cli.fsutil import atomic_write_json, atomic_write_text
 from finetune_cli.pipelines.multiseed import run_seeds
 from finetune_cli.pipelines.recipes import Plan, load_plan, load_recipe
 from finetune_cli.pipelines.runs import seed_values
 from finetune_cli.recipe import Recipe, RecipeError, closest
-from finetune_cli.rundir import same_job
+from finetune_cli.rundir import check_output_apart, same_job
 
 
 def check_specs(recipe_path: str, overrides: Sequence[str], specs: Sequence[ParamSpec], metric: str) -> Plan:
@@ -101,7 +100,7 @@ def run_sweep(recipe_path: str, overrides: Sequence[str], params: Sequence[str],
     # named after output.name, else the recipe's name (`-r scl` and `-r recipes/scl.yaml` -> sweep-scl)
     name = base.recipe.output.name or Path(recipe_path).stem
     sweep_dir = Path(out) if out else Path(base.recipe.output.dir) / f"sweep-{name}"
-    check_apart(sweep_dir, recipe_inputs(base.recipe), "sweep folder", around=CWD)
+    check_output_apart(sweep_dir, base.recipe, "sweep folder")
     _claim_sweep_dir(sweep_dir, _config(base.recipe, specs, seeds, metric, direction))
     study = optuna.create_study(
         study_name=STUDY_NAME, storage=f"sqlite:///{sweep_dir.resolve() / 'study.db'}", load_if_exists=True,

@@ -25,15 +25,9 @@ from finetune_cli.engine.distributed import Processes, init_distributed, refuse_
 from finetune_cli.engine.inference import pad_id
 from finetune_cli.engine.rng import seed_everything
 from finetune_cli.errors import RunDirError, TrainingError
-from finetune_cli.fsutil import (
-    atomic_dir,
-    atomic_write_json,
-    atomic_write_text,
-    check_apart,
-    check_writable_dir,
-)
+from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
 from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
-from finetune_cli.pipelines.common import CWD, EVALUATORS, encode, load_data, model_card_info, recipe_inputs
+from finetune_cli.pipelines.common import EVALUATORS, encode, load_data, model_card_info, warn_long_warmup
 from finetune_cli.pipelines.recipes import Plan, validate_recipe
 from finetune_cli.rundir import CHECKPOINT_MODEL, RunDir, RunLock, checkpoint_problem, same_run
 from finetune_cli.viz.curves import write_curves
@@ -51,7 +45,7 @@ def run_train(plan: Plan, ui, *, device: str = "auto", data_dir: Optional[str] =
               resume: Optional[str] = None, overwrite: bool = False,
               callbacks: Sequence[Callable] = ()) -> TrainOutcome:
     """Train into ``plan.run_dir``, holding its lock (the main process, for the whole run)."""
-    check_output_apart(plan)  # before the lock file is made there
+    RunDir(plan.run_dir).check_apart(plan.recipe)  # before the lock file is made there
     procs = init_distributed(device)
     lock = procs.on_main(lambda: RunLock(plan.run_dir).acquire())
     if lock is not None and lock.took_over:
@@ -78,18 +72,12 @@ def preflight(plan: Plan, *, device: str = "auto", data_dir: Optional[str] = Non
     """What ``--nproc N`` checks in its own process before it starts N (its recipe is validated): an
     accelerate config that shards, the device and precision, the data; so these are one line."""
     refuse_sharding()
-    check_output_apart(plan)
+    RunDir(plan.run_dir).check_apart(plan.recipe)
     resolve_precision(plan.recipe.train.precision, resolve_device(device), "train.precision", TrainingError)
     load_data(plan, data_dir_from_env(data_dir), need_train=True)
 
 
 # ---- setup -------------------------------------------------------------------------------------
-
-def check_output_apart(plan: Plan) -> None:
-    """The run directory is not (and neither holds nor lies inside) the model or data it reads, nor
-    the current folder: ``--overwrite`` empties it."""
-    check_apart(plan.run_dir, recipe_inputs(plan.recipe), "output folder", around=CWD)
-
 
 def _claim_output(run: RunDir, plan: Plan, overwrite: bool) -> None:
     check_writable_dir(run.path, "output folder")
@@ -170,17 +158,7 @@ def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui
     holder["trainer"] = Trainer(model, plan.build_objective(), train_enc, recipe.train, run.path, pad_id=pid,
                                 save_model=save_model, evaluate=eval_fn, ui=ui, recipe_yaml=recipe.to_yaml(),
                                 device=device, sampler=plan.sampler, callbacks=callbacks)
-    _warn_long_warmup(recipe.train, holder["trainer"].total_steps, ui)
-    return holder["trainer"]
-
-
-def _warn_long_warmup(cfg, total_steps: int, ui) -> None:
-    """``train.warmup_steps`` beyond the run's last step: the learning rate never reaches
-    ``train.lr``. A warning, not a refusal: a short trial run of a long recipe is a fair thing to do."""
-    if cfg.warmup_steps is not None and cfg.warmup_steps > total_steps:
-        ui.warn(f"train.warmup_steps {cfg.warmup_steps} is more than the run's {total_steps} steps: the learning "
-                f"rate never reaches train.lr (it ends at {total_steps / cfg.warmup_steps:.0%} of it); lower "
-                f"train.warmup_steps, or set train.warmup_ratio instead")
+    return warn_long_warmup(holder["trainer"], ui)
 
 
 def _train(trainer: Trainer, ck: Optional[Path]):  # the engine's one loop
