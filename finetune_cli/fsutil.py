@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -122,6 +122,59 @@ def ensure_dir(path: str | Path, what: str = "output folder") -> Path:
     except OSError as e:
         raise output_error(e, p, "create") from None
     return p
+
+
+def real_path(path: str | Path) -> Path:
+    """``path`` with ``~``, ``..`` and symbolic links resolved as far as they go: never raises (a
+    link loop stays a path, where ``Path.resolve`` raises ``RuntimeError``)."""
+    return Path(os.path.realpath(os.path.expanduser(os.fspath(path))))
+
+
+def check_apart(output: str | Path, inputs: Iterable[tuple[str, Optional[str | Path]]],
+                what: str = "output folder", around: Iterable[tuple[str, str | Path]] = ()) -> None:
+    """Refuse an output that *is* one of ``inputs`` (``(what it is, path)``; None skipped), *holds*
+    it or *lies inside* it: replacing such an output (``--overwrite``, a fresh run, an export)
+    would delete what the command reads. Links are followed, so a second name is caught too. Every
+    command that writes a folder or a file checks its output here before any work. ``around``:
+    folders the output may lie inside but must not be or hold (the current folder: a folder
+    replaced whole cannot be the one the process stands in)."""
+    out = real_path(output)
+    # A data input (its name says `file` or `data`) that is a folder is left to its reader, which
+    # refuses it in its own words ("is a directory") rather than here as a folder the output is in.
+    inputs = [(n, p) for n, p in inputs
+              if p is not None and not (("file" in n or "data" in n) and Path(p).is_dir())]
+    found = []  # (rank, how, name, input): the closest relation is the one named
+    for name, inp in inputs:
+        if inp is None or str(inp) == "":
+            continue
+        src = real_path(inp)
+        if out == src:
+            found.append((0, "is", name, inp))
+        elif out in src.parents:
+            found.append((1, "holds", name, inp))
+        elif src in out.parents:
+            found.append((2, "lies inside", name, inp))
+    if found:
+        _, how, name, inp = min(found, key=lambda f: f[0])
+        raise FinetuneError(f"{what} {output} {how} the {name} {inp}; writing it would replace what the command "
+                            f"reads: choose an output outside it")
+    for name, folder in around:
+        if out == real_path(folder) or out in real_path(folder).parents:
+            raise FinetuneError(f"{what} {output} {'is' if out == real_path(folder) else 'holds'} the {name} "
+                                f"({real_path(folder)}), which cannot be replaced: choose a new folder")
+
+
+def own_dir(path: str | Path, what: str = "folder") -> Path:
+    """A sub-folder the tool owns inside its output (a run's ``figures/``), made a real folder: a
+    symbolic link there is replaced (removed, not followed), so that nothing is written into the
+    folder it points to; then :func:`ensure_dir`."""
+    p = Path(path)
+    if p.is_symlink():
+        try:
+            p.unlink()
+        except OSError as e:
+            raise output_error(e, p, "replace the link") from None
+    return ensure_dir(p, what)
 
 
 WRITE_TEST_PREFIX = ".finetune-write-test."

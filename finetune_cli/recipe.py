@@ -68,7 +68,7 @@ class ModelConfig:
     name: str = field_spec("embedded", help="`embedded` (packaged all-MiniLM-L6-v2), a local folder, a run directory or a hub id")
     pooling: str = field_spec("mean", choices=("cls", "mean", "pooler"), help="how token states become one sentence "
                               "embedding: mean of the non-padding tokens, the first token, or the encoder's pooler")
-    max_length: int = field_spec(128, gt=0, le=8192, help="tokens kept per encoded sequence (a jointly encoded "
+    max_length: int = field_spec(128, gt=0, help="tokens kept per encoded sequence (a jointly encoded "
                                  "pair counts both texts); longer inputs are truncated")
     classifier_dropout: Optional[float] = field_spec(None, ge=0.0, lt=1.0, help="dropout before the head; None = the encoder's hidden dropout")
     revision: Optional[str] = field_spec(None, help="hub revision (branch, tag or commit)")
@@ -359,23 +359,28 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp)).replace("typing.", "")
 
 
+def _coerce_union(value: Any, args: tuple[Any, ...], where: str, src: str) -> Any:
+    if value is None and type(None) in args:
+        return None
+    errors = []
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return coerce(value, a, where, src)
+        except RecipeError as e:
+            errors.append(e)
+    if len(errors) == 1:  # Optional[X]: X's own error names the sub-key and its rule
+        raise errors[0]
+    names = " or ".join(_type_name(a) for a in args if a is not type(None))
+    raise RecipeError(f"`{where}` in {src} must be {names}, got {value!r}")
+
+
 def coerce(value: Any, tp: Any, where: str, src: str) -> Any:
     """Check ``value`` against the annotation ``tp``; ints are accepted where floats are expected."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return coerce(value, a, where, src)
-            except RecipeError as e:
-                errors.append(e)
-        names = " or ".join(_type_name(a) for a in args if a is not type(None))
-        raise RecipeError(f"`{where}` in {src} must be {names}, got {value!r}")
+        return _coerce_union(value, typing.get_args(tp), where, src)
     if origin in (dict, Mapping):
         key_t, val_t = typing.get_args(tp) or (Any, Any)
         if not isinstance(value, Mapping):
@@ -454,7 +459,19 @@ def build_section(cls: type, data: Any, prefix: str, src: str) -> Any:
         value = coerce(value, hints[key], where, src)
         _check_range(value, fields[key].metadata, where, src)
         kwargs[key] = value
+    if cls is OutputConfig:
+        _check_output_name(kwargs.get("name"), f"{prefix}.name" if prefix else "name", src)
     return cls(**kwargs)
+
+
+def _check_output_name(name: Optional[str], where: str, src: str) -> None:
+    """``output.name`` is one folder name under ``output.dir``: a path there (``../x``, ``/abs``)
+    would put the run, and what ``--overwrite`` deletes, anywhere."""
+    if name is None:
+        return
+    if name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise RecipeError(f"`{where}` in {src} is {name!r}: a run name is one folder name under output.dir "
+                          f"(no `/`, not `.` or `..`); set output.dir for another parent folder")
 
 
 def _build_objective(data: Any, prefix: str, src: str) -> ObjectiveConfig:

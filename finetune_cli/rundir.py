@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import struct
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +45,7 @@ FIGURES = "figures"
 CURVES = "curves.png"
 LOCK = ".finetune.lock"
 MODEL_CONFIG = "config.json"
+ONNX_MODEL = "model.onnx"  # an ONNX folder's graph (models/onnx.py)
 ADAPTER_CONFIG = "adapter_config.json"  # a LoRA adapter folder (models/lora.py); an embedding one has no config.json
 _SEED_DIR = re.compile(r"seed-(-?\d+)")
 
@@ -370,8 +372,9 @@ class RunLock:
     :meth:`acquire` created are removed again by :meth:`release` when they hold nothing of a run
     (the lock, the recipe echo): a start refused before training leaves no run folder behind.
 
-    The lock file is never followed through a symbolic link: a link there (planted, or copied in
-    with the folder) would have us truncate and write whatever file it points to.
+    The lock file is never followed through a symbolic link, and one with another name (a hard
+    link) or that is not a regular file is refused: a link there (planted, or copied in with the
+    folder) would have us truncate and write whatever file it points to.
     """
 
     def __init__(self, run_dir: Path):
@@ -392,6 +395,12 @@ class RunLock:
                 raise
             raise RunDirError(f"{self.path} is a symbolic link; a run's lock file must be a plain file "
                               "(remove the link)") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            why = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"a hard link ({st.st_nlink} names)"
+            raise RunDirError(f"{self.path} is {why}; a run's lock file must be a plain file of one name, as "
+                              f"writing it would change the other (remove it)")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -65,6 +65,7 @@ def _emit_json(obj: Any) -> None:
 
 
 DEBUG_ENV = "FINETUNE_DEBUG"
+ERROR_LINE_CHARS = 1000  # an error line quotes input (a header, a value): never more than this
 _debug_flag = False
 
 
@@ -95,7 +96,7 @@ def handle_errors(fn: Callable) -> Callable:
         except FinetuneError as e:
             if debug_enabled():
                 traceback.print_exc(file=sys.stderr)
-            raise _fail(ui, getattr(e, "exit_code", 2), error_text(str(e))) from None
+            raise _fail(ui, getattr(e, "exit_code", 2), error_text(str(e), ERROR_LINE_CHARS)) from None
         except KeyboardInterrupt as e:
             raise _fail(ui, 130, error_text(str(e)) or "interrupted") from None
         except Exception as e:  # noqa: BLE001 - the last resort: never a bare traceback

@@ -14,13 +14,14 @@ one chunk at a time; :func:`read_file` gathers them into one :class:`Table` of l
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import itertools
 import json
 import math
 import os
 import stat
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -31,6 +32,10 @@ PKG_RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 Col = Union[str, int]
 CHUNK_ROWS = 2048  # rows a streaming command holds at a time: 32 length-sorted batches of 64
 FORMATS = ("csv", "tsv", "jsonl", "json", "parquet", "txt")
+# The most characters one line (a row, a header) of a line-based file may hold: a longer one is
+# refused before it is held whole, so memory stays bounded on any input (a file of one 1-GB line
+# once took an embedding run to 20 GB). Far above any text an encoder reads (512 tokens).
+MAX_ROW_CHARS = 1 << 20
 
 
 @dataclass
@@ -74,7 +79,8 @@ def detect_format(path: Path, fmt: str) -> str:
     for s in reversed([s.lower() for s in path.suffixes]):
         if s[1:] in FORMATS:
             return s[1:]
-    raise DataError(f"cannot tell the format of {path} from its extension; set data.format (csv, tsv, jsonl, json, parquet, txt)")
+    raise DataError(f"cannot tell the format of {path} from its extension: name it .csv, .tsv, .jsonl, .json, .parquet "
+                    f"or .txt (a recipe may set data.format instead)")
 
 
 ENCODING_HINT = "set data.encoding (e.g. data.encoding=latin-1) or convert the file to UTF-8"
@@ -102,6 +108,13 @@ def check_input_file(path: Path, src: str) -> None:
     if not stat.S_ISREG(mode):
         kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
         raise DataError(f"data file {src} is not a regular file but {kind}; write the rows to a file and pass that")
+    magic = b""
+    with contextlib.suppress(OSError), path.open("rb") as f:
+        magic = f.read(4)
+    for sig, kind, tool in ((b"\x1f\x8b", "gzip", "gunzip"), (b"PK\x03\x04", "zip", "unzip"),
+                            (b"BZh", "bzip2", "bunzip2"), (b"\xfd7zX", "xz", "unxz")):
+        if magic.startswith(sig) and path.suffix.lower() not in (".parquet",):
+            raise DataError(f"data file {src} is {kind}-compressed; decompress it first ({tool} {src})")
 
 
 def is_missing(v: Any, words: tuple[str, ...] = ()) -> bool:
@@ -189,6 +202,12 @@ def json_records(obj: Any, src: str) -> list[Any]:
     return records
 
 
+def _listed(names: Iterable[Any], n: int = 12, width: int = 40) -> str:
+    """Column names for an error line: the first ``n``, each cut at ``width`` characters."""
+    shown = [str(c) if len(str(c)) <= width else str(c)[: width - 1] + "…" for c in itertools.islice(names, n)]
+    return ", ".join(shown)
+
+
 def _batched(it: Iterator[Any], n: int) -> Iterator[list[Any]]:
     while part := list(itertools.islice(it, n)):
         yield part
@@ -209,11 +228,20 @@ class TableFile:
     _records: Optional[list[Any]] = field(default=None, repr=False)  # a JSON document, parsed once
 
     # ---- rows: (row number, raw row) ------------------------------------------------------------
-    def _lines(self, newline: Optional[str]) -> Iterator[str]:
+    def _lines(self, newline: Optional[str], bounded: bool = True) -> Iterator[str]:
+        """The file's lines; ``bounded``: one longer than :data:`MAX_ROW_CHARS` is refused, read no
+        further than that (a JSON document, one record over many lines or one, is read whole)."""
         codec = check_encoding(self.encoding)
+        limit = MAX_ROW_CHARS if bounded else -1
         try:
             with open(self.path, encoding="utf-8-sig" if codec == "utf-8" else codec, newline=newline) as f:
-                yield from f
+                n = 0
+                while line := f.readline(limit + 1 if bounded else -1):
+                    n += 1
+                    if bounded and len(line) > limit and len(line.rstrip("\r\n")) > limit:
+                        raise DataError(f"line {n} of {self.src} holds more than {MAX_ROW_CHARS:,} characters, the "
+                                        f"most one row may hold; shorten or split that text")
+                    yield line
         except UnicodeDecodeError:
             raise _decode_error(self.path, self.src, self.encoding, self.hint) from None
         except OSError as e:
@@ -245,7 +273,7 @@ class TableFile:
         if self.fmt == "jsonl":
             return ((n, _json(s, self.src, n)) for n, s in enumerate(self._lines("\n"), 1) if s.strip())
         if self._records is None:
-            self._records = json_records(_json("".join(self._lines("")), self.src), self.src)
+            self._records = json_records(_json("".join(self._lines("", bounded=False)), self.src), self.src)
         return enumerate(self._records, 1)
 
     def _object(self, n: int, rec: Any) -> Mapping[str, Any]:
@@ -261,8 +289,8 @@ class TableFile:
             return "text" if self.fmt == "txt" else str(col)
         if delimited and str(col).isdigit() and (not self.has_header or int(col) < len(self.names)):
             return self.names[int(col)] if self.has_header else str(int(col))
-        where = (f"header: {', '.join(self.names[:12]) if self.has_header else 'none'}" if delimited
-                 else f"keys of row 1: {', '.join(self.names[:12])}")
+        where = (f"header: {_listed(self.names) if self.has_header else 'none'}" if delimited
+                 else f"keys of row 1: {_listed(self.names)}")
         raise DataError(f"missing column `{col}` in {self.src} ({where})")
 
     def _picker(self, keys: list[str], optional: Collection[str], strict: bool) -> Callable[[int, Any], list[Any]]:
@@ -284,7 +312,7 @@ class TableFile:
             rec = self._object(n, rec)
             for k in keys:
                 if k not in rec and k not in optional:
-                    raise DataError(f"missing column `{k}` in row {n} of {src} (keys: {', '.join(map(str, rec))})")
+                    raise DataError(f"missing column `{k}` in row {n} of {src} (keys: {_listed(rec)})")
             return [rec.get(k) for k in keys]
         return pick_keys
 
@@ -388,7 +416,7 @@ def open_table(path_str: str, fmt: str = "auto", header: str = "auto", encoding:
             tf.has_header = header == "yes" or (header == "auto" and bool(named) and all(c in first for c in named))
             if header == "auto" and not tf.has_header and not all(c.isdigit() for c in named):
                 missing = next(c for c in named if c not in first)
-                raise DataError(f"missing column `{missing}` in {path_str} (header: {', '.join(first[:12])})")
+                raise DataError(f"missing column `{missing}` in {path_str} (header: {_listed(first)})")
             tf.names = list(first) if tf.has_header else [str(i) for i in range(len(first))]
         else:
             tf.names = ["text"]

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from finetune_cli.data.sources import Table, resolve_path
 from finetune_cli.errors import DataError, error_text
-from finetune_cli.fsutil import atomic_file, check_output_file
+from finetune_cli.fsutil import atomic_file, check_apart, check_output_file
 
 # table_writer writes every format the reader reads (``sources.FORMATS``). TXT (one text a line, no
 # header) holds one column; a JSON file is one array of records, a JSONL file one record a line.
@@ -49,8 +49,8 @@ def check_table_output(output: str | Path, input_path: Optional[str] = None, wha
             import pyarrow  # noqa: F401
         except ImportError:
             raise DataError(f"writing {output} needs pyarrow (pip install 'finetune-cli[parquet]')") from None
-    if input_path is not None and Path(output).resolve() == resolve_path(input_path).resolve():
-        raise DataError(f"{what} {output} is the input file; write to another file")
+    if input_path is not None:
+        check_apart(output, [("input file", resolve_path(input_path))], what)
     return fmt
 
 

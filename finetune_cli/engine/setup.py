@@ -107,6 +107,17 @@ def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig, total_steps: i
     return get_scheduler(cfg.lr_scheduler, opt, num_warmup_steps=warmup, num_training_steps=total_steps)
 
 
+def warmup_note(cfg: TrainConfig, total_steps: int) -> Optional[str]:
+    """The warning for ``train.warmup_steps`` beyond the run's last step (the learning rate never
+    reaches ``train.lr``), else None. A warning, not a refusal: a short trial run of a long recipe is
+    a fair thing to do."""
+    if cfg.warmup_steps is None or cfg.warmup_steps <= total_steps:
+        return None
+    return (f"train.warmup_steps {cfg.warmup_steps} is more than the run's {total_steps} steps: the learning rate "
+            f"never reaches train.lr (it ends at {total_steps / cfg.warmup_steps:.0%} of it); lower "
+            f"train.warmup_steps, or set train.warmup_ratio instead")
+
+
 def eval_interval(cfg: TrainConfig, steps_per_epoch: int, total_steps: int) -> int:
     """Steps between evaluations. ``min_evals`` ties the cadence to the step budget: without
     ``eval_every`` the run evaluates every ``total_steps // min_evals`` steps instead of once per

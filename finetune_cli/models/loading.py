@@ -137,10 +137,26 @@ def _load_errors(path: str) -> Iterator[None]:
         raise
 
 
+# A tokenizer is one of these files (or a sentencepiece ``*.model``): a folder without any would
+# make transformers build an empty tokenizer that reads every word as [UNK].
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
+                   "tokenizer.model")
+
+
+def check_tokenizer_files(path: str | Path) -> None:
+    """Refuse a local model folder that holds no tokenizer vocabulary, naming the files looked for."""
+    p = Path(path)
+    if not any((p / f).is_file() for f in TOKENIZER_FILES) and not any(p.glob("*.model")):
+        raise ModelError(f"the model folder {p} has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])} …); copy "
+                         f"them from the model it was trained or exported from")
+
+
 def load_tokenizer(path: str, revision: Optional[str] = None):
     from transformers import AutoTokenizer
 
     _quiet_transformers()
+    if _is_local(path):
+        check_tokenizer_files(path)
     with _load_errors(path):
         return AutoTokenizer.from_pretrained(path, revision=revision)
 
@@ -304,6 +320,8 @@ def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Option
     # An embedding adapter has no config.json of its own: its base's.
     own = adapter is None or (Path(path) / "config.json").is_file()
     config = load_config(path, rev) if own else load_config(adapter[0], adapter[1])
+    if adapter is not None and own:
+        _check_adapter_base(path, config, adapter[0], load_config(adapter[0], adapter[1]))
     tokenizer = load_tokenizer(path, rev)
     saved = read_head_spec(path) if is_local else None
     given = spec is not None
@@ -334,6 +352,23 @@ def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Option
         own = model.state_dict()
         model.load_state_dict({k: v for k, v in keep.items() if k in own and own[k].shape == v.shape}, strict=False)
     return model, tokenizer, path
+
+
+# What must agree between an adapter's config.json and its base model's for the base weights to be
+# the ones the adapter was trained over.
+_BASE_SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                    "vocab_size", "embedding_size")
+
+
+def _check_adapter_base(path: str, config, base: str, base_config) -> None:
+    """Refuse an adapter whose base path now holds another model (another architecture or size):
+    its weights would load into the adapter's architecture mismatched, and run without a word."""
+    for k in _BASE_SHAPE_KEYS:
+        mine, theirs = getattr(config, k, None), getattr(base_config, k, None)
+        if mine is not None and theirs is not None and mine != theirs:
+            raise ModelError(f"cannot load the LoRA adapter in {path}: its base model {base} has {k} {theirs!r}, "
+                             f"the adapter was trained over {k} {mine!r}; point base_model_name_or_path in "
+                             f"adapter_config.json at the model it was trained from")
 
 
 def _adapter_base(path: str) -> Optional[tuple[str, Optional[str], object]]:
@@ -386,12 +421,16 @@ def build_text_model(name: str, make_spec, revision: Optional[str] = None, dropo
     initialised (the trainer seeds there). ``lora`` (the recipe's ``model.lora``): fresh adapters
     over the frozen encoder. Returns ``(TextModel, tokenizer)``."""
     path, is_local = resolve_model(name)
-    if lora is not None and is_local:
+    if is_local:
         from finetune_cli.models.lora import is_adapter_folder
 
+        if (Path(path) / rundir.ONNX_MODEL).is_file():
+            raise ModelError(f"model.name {name} is an ONNX folder (model.onnx), which runs in onnxruntime but "
+                             f"cannot be trained; train from the model folder it was exported from")
         if is_adapter_folder(path):
-            raise ModelError(f"model.lora: {name} is a LoRA adapter folder; train adapters over a plain model "
-                             f"(merge this one first: finetune export {name} --merge -o DIR)")
+            what = "model.lora" if lora is not None else "model.name"
+            raise ModelError(f"{what}: {name} is a LoRA adapter folder; train over a plain model (merge this one "
+                             f"first: finetune export {name} --merge -o DIR, then model.name=DIR)")
     rev = None if is_local else revision
     config = load_config(path, rev)  # first: a damaged config.json is named as such, not as a tokenizer error
     tokenizer = load_tokenizer(path, rev)

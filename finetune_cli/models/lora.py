@@ -136,9 +136,15 @@ def load_adapter(model, path: str | Path, cfg) -> None:
         pre = f"{getattr(model.encoder, 'base_model_prefix', '')}."
         state = {k.removeprefix(pre): v for k, v in state.items() if k.startswith(pre)}
     is_head = [k for k in state if model.hf is not None and any(k.startswith(f"{h}.") for h in heads or ())]
-    target.load_state_dict({k: state.pop(k) for k in is_head}, strict=False)
     peft = require_peft("a LoRA model")
-    missing = peft.functional.set_peft_model_state_dict(target, state, adapter_name=ADAPTER)
+    try:
+        target.load_state_dict({k: state.pop(k) for k in is_head}, strict=False)
+        missing = peft.functional.set_peft_model_state_dict(target, state, adapter_name=ADAPTER)
+    except RuntimeError as e:  # shapes of another rank or model: torch's "size mismatch for …"
+        why = error_text(e, 400)
+        first = why.split("size mismatch for ", 1)[-1].split(". ")[0][:160] if "size mismatch" in why else why[:160]
+        raise ModelError(f"cannot load the model in {path}: {ADAPTER_WEIGHTS} does not match {ADAPTER_CONFIG} or its "
+                         f"base model ({first}); the files come from different adapters") from None
     lost = [k for k in getattr(missing, "unexpected_keys", []) if "lora_" in k]
     if lost:
         raise ModelError(f"cannot load the model in {path}: {ADAPTER_WEIGHTS} holds adapters the model has no "

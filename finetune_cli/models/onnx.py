@@ -25,8 +25,9 @@ from torch import nn
 
 from finetune_cli.errors import ModelError, error_text
 from finetune_cli.models.text_model import HeadSpec, ModelOutput
+from finetune_cli.rundir import ONNX_MODEL
 
-ONNX_FILE = "model.onnx"
+ONNX_FILE = ONNX_MODEL
 TOKEN_OUTPUT = "last_hidden_state"  # the name optimum's feature-extraction class (and so ST) reads
 OPSET = 18
 # Weights and adapters stay behind: the graph holds the weights (adapters folded in).
@@ -134,9 +135,20 @@ class OnnxTextModel(nn.Module):
 def load_onnx_folder(path: str, device: torch.device, embedding: bool = False):
     """``(OnnxTextModel, tokenizer, path, STConfig | None)`` for the ONNX folder ``path``, read as
     :func:`~finetune_cli.models.loading.load_embedding_model` reads a model folder."""
-    from finetune_cli.models.loading import load_config, load_tokenizer, read_head_spec, spec_from_config
+    from finetune_cli.models.loading import (
+        check_tokenizer_files,
+        load_config,
+        load_tokenizer,
+        read_head_spec,
+        spec_from_config,
+    )
     from finetune_cli.models.st_folder import read_st_config
 
+    for need, what in (("config.json", "its config (labels, sizes)"),):
+        if not (Path(path) / need).is_file():
+            raise ModelError(f"the ONNX folder {path} has no {need} ({what}); export it again, or copy it from "
+                             f"the model folder it was exported from")
+    check_tokenizer_files(path)
     config = load_config(path)
     st = read_st_config(path) if embedding else None
     spec = read_head_spec(path) or spec_from_config(config)
@@ -157,5 +169,11 @@ def load_onnx_model(path: str | Path, device: torch.device, spec: HeadSpec, conf
         sess = ort.InferenceSession(str(Path(path) / ONNX_FILE), providers=[provider])
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own error types
         raise ModelError(f"cannot load the model in {path}: {ONNX_FILE}: {error_text(e, 160)}") from None
-    return OnnxTextModel(sess, spec, config)
+    model = OnnxTextModel(sess, spec, config)
+    for need in ("embeddings", *(("logits",) if model.has_classifier else ())):
+        if need not in model.outputs:
+            kind = "a classifier" if need == "logits" else "a model"
+            raise ModelError(f"the ONNX folder {path}: its config makes it {kind}, but {ONNX_FILE} computes "
+                             f"{', '.join(model.outputs) or 'nothing'}, not `{need}`; export the model again")
+    return model
 

@@ -9,7 +9,7 @@ import inspect
 import pkgutil
 import typing
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
 from finetune_cli.errors import RecipeError, did_you_mean
 from finetune_cli.objectives.base import Objective
@@ -91,6 +91,8 @@ def check_contract(recipe: Any, cls: type[Objective]) -> None:
     labels`` and ``data.label_descriptions`` need an objective that encodes the label texts
     (``label_texts``); ``data.eval_fraction`` needs one evaluated on labelled rows of its training data."""
     data = getattr(recipe, "data", None)  # a probe recipe names its data per task
+    if recipe.train.refit_head:
+        _check_refit(cls, recipe.model.problem_type, recipe.source)
     if data is not None and data.eval_fraction is not None and (cls.evaluation != "classifier" or
                                                                  "label" not in cls.required_columns):
         raise RecipeError(f"`data.eval_fraction` in {recipe.source}: objective `{cls.name}` is not evaluated on "
@@ -105,3 +107,17 @@ def check_contract(recipe: Any, cls: type[Objective]) -> None:
     if data is not None and data.label_descriptions:
         raise RecipeError(f"`data.label_descriptions` in {recipe.source} is read by objectives that encode the label "
                           f"texts ({users}); objective `{cls.name}` does not: drop it")
+
+
+def _check_refit(cls: type[Objective], problem: Optional[str], src: str) -> None:
+    """``train.refit_head`` refits a softmax head: what the objective's class says refuses it here,
+    as ``recipes validate`` and before any model loads (``engine.head_refit`` keeps the checks
+    only the loaded model can answer)."""
+    why = ("it trains no classifier head" if not cls.needs_classifier
+           else f"the problem is {problem}, and the refit is a softmax (logistic-regression) head"
+           if problem not in (None, "single_label_classification")
+           else "its head is spectrally normalised, and a refit would undo the 1-Lipschitz constraint"
+           if cls.spectral_norm_head else None)
+    if why is not None:
+        raise RecipeError(f"`train.refit_head` in {src} does not apply to objective `{cls.name}`: {why}; drop "
+                          f"train.refit_head")

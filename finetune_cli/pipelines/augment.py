@@ -37,7 +37,7 @@ from finetune_cli.augment.io import (
 from finetune_cli.data.sources import FORMATS, resolve_path
 from finetune_cli.data.table_io import ColumnTypes, check_table_output
 from finetune_cli.errors import RunDirError
-from finetune_cli.fsutil import atomic_write_json, atomic_write_text, clean_stale_temps
+from finetune_cli.fsutil import atomic_write_json, atomic_write_text, check_apart, clean_stale_temps
 from finetune_cli.rundir import same_job
 
 MANIFEST = "manifest.json"
@@ -74,6 +74,7 @@ def run_augment(cfg: AugmentConfig, ui, overwrite: bool = False) -> AugmentResul
     data = read_input(cfg.input, cfg.format, tuple(cfg.columns), cfg.header)
     out, out_fmt, types = _check_output(cfg, data)
     parts = parts_dir(out)
+    check_apart(parts, [("input file", resolve_path(cfg.input))], "work folder")  # it is deleted at the end
     n = len(data)
     n_chunks = (n + cfg.chunk_size - 1) // cfg.chunk_size
     manifest = {"input": cfg.input, "input_file": {"sha256": file_digest(resolve_path(cfg.input)), "rows": n},

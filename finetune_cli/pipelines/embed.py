@@ -18,10 +18,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from finetune_cli.data.sources import CHUNK_ROWS, CONVERT_HINT, Table, TableFile, open_table
+from finetune_cli.data.sources import CHUNK_ROWS, CONVERT_HINT, Table, TableFile, open_table, resolve_path
 from finetune_cli.engine.inference import InferenceSession, open_session
 from finetune_cli.errors import DataError
-from finetune_cli.fsutil import atomic_file, check_output_file
+from finetune_cli.fsutil import atomic_file, check_apart, check_output_file
+from finetune_cli.inputs import model_inputs
 from finetune_cli.metrics.similarity import l2_normalize
 
 
@@ -110,6 +111,9 @@ def run_embed(model_name: str, input_path: str, output: str, ui, *, column: Opti
     if out.suffix not in (".npy", ".parquet"):
         raise DataError(f"output {output} must end in .npy or .parquet")
     check_output_file(out, "--output")
+    for written in (out, out.with_suffix(".ids.npy")):
+        check_apart(written, [("input file", resolve_path(input_path)), *model_inputs(model_name, whole_run=False)],
+                    "--output")
     tf, key, rows = open_sentences(input_path, column, fmt, chunk_rows)
     sess = open_session(model_name, device=device, precision=precision, max_length=max_length, embedding=True)
     if normalize is None:

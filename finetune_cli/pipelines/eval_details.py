@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from finetune_cli.fsutil import atomic_write_json
+from finetune_cli.fsutil import atomic_write_json, own_dir
 from finetune_cli.metrics.calibration import calibration_metrics
 from finetune_cli.metrics.classification import confusion, per_class_metrics
 from finetune_cli.rundir import FIGURES
@@ -45,7 +45,8 @@ def classification_details(res, logits: np.ndarray, embeddings: np.ndarray, labe
         from finetune_cli.viz.embeddings import tsne_plot
         from finetune_cli.viz.reliability import reliability_diagram
 
-        fig_dir = out_dir / (FIGURES if name == "eval" else name.replace("eval-", f"{FIGURES}-", 1))
+        fig_dir = own_dir(out_dir / (FIGURES if name == "eval" else name.replace("eval-", f"{FIGURES}-", 1)),
+                          "figures folder")  # a link there is replaced, never written through
         cal = res.calibration
         where = "/".join(Path(res.model).parts[-3:-1]) or res.model
         title = f"{where} on {Path(res.data).name} (n={res.examples})"

@@ -17,20 +17,15 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from finetune_cli.engine.inference import open_session
-from finetune_cli.errors import ModelError, RunDirError
-from finetune_cli.fsutil import atomic_dir, check_writable_dir, public_files
-from finetune_cli.models.loading import (
-    HEAD_SPEC,
-    default_max_length,
-    has_classifier,
-    resolve_model,
-    save_text_model,
-)
+from finetune_cli.errors import ModelError, OutputError, RunDirError
+from finetune_cli.fsutil import atomic_dir, check_apart, check_writable_dir, public_files
+from finetune_cli.inputs import model_inputs
+from finetune_cli.models.loading import HEAD_SPEC, default_max_length, has_classifier, save_text_model
 from finetune_cli.models.lora import is_adapter_folder
-from finetune_cli.models.onnx import copy_folder_files, export_onnx, require_onnx
+from finetune_cli.models.onnx import copy_folder_files, export_onnx, is_onnx_folder, require_onnx
 
 FORMATS = ("transformers", "onnx")
 
@@ -48,16 +43,27 @@ class ExportResult:
         return dataclasses.asdict(self)
 
 
-def _check_output(output: str, overwrite: bool) -> Path:
+def _check_output(model_name: str, output: str, overwrite: bool) -> Path:
+    """The output is apart from what the export reads (it is replaced whole), empty unless
+    ``overwrite``, and its parent writable. It is not created here: a failed export leaves none."""
     out = Path(output)
+    check_apart(out, model_inputs(model_name), "output folder", around=(("current folder", "."),))
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise RunDirError(f"output folder {out} is not empty; pass --overwrite to replace it")
-    return check_writable_dir(out, "output folder")
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"output folder {out} is a file, not a folder")
+    check_writable_dir(out.parent, "folder of the output")
+    return out
 
 
-def _is_classifier(model_name: str) -> bool:
-    path, local = resolve_model(model_name)
-    return local and Path(path).is_dir() and has_classifier(path)
+def _source_folder(model_name: str) -> Optional[Path]:
+    """The local model folder ``model_name`` stands for (None: a hub id); an ONNX folder is refused."""
+    inputs = dict(model_inputs(model_name))
+    folder = inputs.get("model folder")
+    if folder is not None and is_onnx_folder(folder):
+        raise ModelError(f"{folder} is an ONNX folder already (model.onnx); export the model folder it was "
+                         f"exported from")
+    return folder
 
 
 def run_export(model_name: str, output: str, ui, *, fmt: str = "transformers", merge: bool = False,
@@ -68,12 +74,13 @@ def run_export(model_name: str, output: str, ui, *, fmt: str = "transformers", m
         require_onnx("--format onnx", exporter=True)  # before the model loads
     elif not merge:
         raise ModelError("--format transformers writes a merged LoRA adapter: pass --merge (or --format onnx)")
-    out = _check_output(output, overwrite)
+    out = _check_output(model_name, output, overwrite)
+    folder = _source_folder(model_name)
     t0 = time.perf_counter()
-    # A classifier is loaded with its head (a pooled or labels head's folder also reads as a
-    # sentence-transformers body, which would export the embeddings alone); anything else as an
-    # embedding model, the way SentenceTransformer reads it.
-    sess = open_session(model_name, device="cpu", precision="fp32", embedding=not _is_classifier(model_name))
+    # A classifier is loaded as one (its head, pooled or native, goes into the graph); anything
+    # else as an embedding model (a sentence-transformers folder's pooling and Normalize).
+    classifier = folder is not None and has_classifier(str(folder))
+    sess = open_session(model_name, device="cpu", precision="fp32", embedding=not classifier)
     adapter = is_adapter_folder(sess.path)
     if merge and not adapter:
         raise ModelError(f"--merge: {sess.path} is not a LoRA adapter folder (no adapter_config.json); "

@@ -23,6 +23,8 @@ from finetune_cli.data.sources import CHUNK_ROWS, CONVERT_HINT, TableFile, open_
 from finetune_cli.data.table_io import ColumnTypes, check_table_output, table_writer
 from finetune_cli.engine.inference import open_session
 from finetune_cli.errors import DataError, ModelError
+from finetune_cli.fsutil import check_apart
+from finetune_cli.inputs import model_inputs
 from finetune_cli.metrics.tasks import prediction_columns
 from finetune_cli.recipe import TRUNCATION_RULES
 
@@ -85,6 +87,7 @@ def run_predict(model_name: str, input_path: str, output: str, ui, *, column: st
                 truncation: Optional[str] = None, stride: Optional[int] = None) -> PredictResult:
     """``truncation`` None: the rule the model was trained with; ``stride``: long rows read in
     overlapping windows whose logits are averaged (single texts only)."""
+    check_apart(output, model_inputs(model_name, whole_run=False), "--output")
     if truncation is not None and truncation not in TRUNCATION_RULES:
         raise DataError(f"--truncation {truncation}: choose one of {', '.join(TRUNCATION_RULES)}")
     if stride is not None and pair_column is not None:

@@ -28,9 +28,11 @@ import yaml
 
 from finetune_cli.checkpoint import Checkpointer
 from finetune_cli.data.probe_tasks import Protocol, materialize_task
+from finetune_cli.data.sources import resolve_path
 from finetune_cli.data.tasks import data_dir_from_env
 from finetune_cli.engine.inference import InferenceSession, open_session
-from finetune_cli.fsutil import atomic_write_json, atomic_write_text, check_writable_dir
+from finetune_cli.fsutil import atomic_write_json, atomic_write_text, check_apart, check_writable_dir
+from finetune_cli.inputs import CWD, model_inputs
 from finetune_cli.metrics.probe import linear_probe_accuracy, probe_summary
 from finetune_cli.models.text_model import HeadSpec
 from finetune_cli.pipelines.recipes import plan_for, validate_objective
@@ -92,6 +94,9 @@ def probe_model(sess: InferenceSession, tasks: dict[str, dict], r: ProbeRecipe) 
 
 
 def _check_out_dir(r: ProbeRecipe, out: Path, overwrite: bool) -> None:
+    inputs = [*model_inputs(r.model.name), *((f"data of task {name}", resolve_path(f)) for name, t in r.probe.tasks.items()
+                                              for f in (t.data.train, t.data.eval) if f and not f.startswith("data:"))]
+    check_apart(out, inputs, "output folder", around=CWD)
     stored = out / "probe_recipe.yaml"
     job = r.to_dict()
     old = yaml.safe_load(stored.read_text(encoding="utf-8")) if stored.is_file() else None

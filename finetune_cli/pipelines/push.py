@@ -4,6 +4,7 @@ whether the card is one the Hub reads, whether the repo id is valid) is checked 
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -90,6 +91,25 @@ def check_adapter(folder: Path) -> None:
                          f"or push a merged folder (finetune export {folder} --merge -o DIR)")
 
 
+def folder_files(folder: Path) -> list[str]:
+    """The folder's files, relative to it, after refusing anything in it that is not a regular file
+    or a folder: ``upload_folder`` follows a symbolic link and uploads what it points to, which may
+    lie outside the folder (a token file, a home directory)."""
+    files = []
+    for root, dirs, names in os.walk(folder):
+        for name in sorted([*dirs, *names]):
+            p = Path(root) / name
+            if p.is_symlink():
+                raise ModelError(f"{p} is a symbolic link (to {os.readlink(p)}); push uploads regular files only, "
+                                 f"and a link could upload what lies outside {folder}: replace it with a copy "
+                                 f"of the file, or remove it")
+            if name in names and not p.is_file():
+                raise ModelError(f"{p} is not a regular file; remove it before pushing {folder}")
+            if name in names:
+                files.append(str(p.relative_to(folder)))
+    return sorted(files)
+
+
 def check_repo_id(repo_id: str, where: str = "") -> None:
     """A ``user/name`` repo id the Hub accepts (``where``: what the error line starts with)."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -136,7 +156,7 @@ def run_push(model: str, repo_id: str, *, private: bool = False, revision: Optio
     folder = model_folder(model)
     check_card(folder)
     check_adapter(folder)
-    files = sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file())
+    files = folder_files(folder)
     res = PushResult(repo_id, str(folder), files, private, revision, dry_run)
     if dry_run:
         return res

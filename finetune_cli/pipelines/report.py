@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_cli.errors import DataError
-from finetune_cli.fsutil import check_output_file
+from finetune_cli.fsutil import check_output_file, real_path
 from finetune_cli.metrics.names import REFIT_METRICS, ordered
 from finetune_cli.metrics.stats import mean_std, paired_stats
 from finetune_cli.pipelines.runs import RunRecord, load_run
@@ -167,7 +167,7 @@ def build_report(paths: Sequence[str], compare: Sequence[str] = (), plot: Option
 def default_plot_path(paths: Sequence[str]) -> Path:
     """``report.png`` in the folder that holds all the runs given."""
     try:
-        common = Path(os.path.commonpath([str(Path(p).resolve()) for p in paths]))
+        common = Path(os.path.commonpath([str(real_path(p)) for p in paths]))  # a link loop stays a path
     except ValueError:
         common = Path.cwd()
     if RunDir(common).recipe_file.is_file():

@@ -1,10 +1,10 @@
 """``finetune sweep``: a seed-aware hyper-parameter search with optuna.
 
 Each trial is the recipe plus sampled overrides, trained once per seed into
-``<sweep>/trials/trial-<n>/seed-<k>/``; its value is the mean over seeds of the metric that
-``finetune report`` reads for a run. The sampler is TPE, seeded; the median pruner stops a trial whose evaluation metric,
-reported during training by a trainer callback, is worse than the median of earlier trials at the
-same point (step ``seed index × steps per seed + step``, so seeds line up across trials).
+``<sweep>/trials/trial-<n>/seed-<k>/``; its value is the mean over seeds of the metric ``finetune
+report`` reads for a run. TPE, seeded; the median pruner stops a trial whose evaluation metric (a
+trainer callback reports it) is worse than the median of earlier trials at the same point (step
+``seed index × steps per seed + step``, so seeds line up across trials).
 
 The study lives in ``<sweep>/study.db`` (SQLite): rerunning the same command resumes it. Finished
 and pruned trials are kept; a trial cut short by Ctrl-C is tried again with the same parameters in
@@ -17,8 +17,7 @@ best trial against it (``finetune report``'s statistics); ``<sweep>/best.yaml``,
 trial's resolved recipe, which ``finetune train -r`` runs as is.
 
 Parameter specs (``--param KEY=SPEC``): ``uniform:a:b``, ``loguniform:a:b`` (a > 0), ``int:a:b``
-(inclusive), ``choice:v1,v2,...`` (values parsed as YAML). Every spec is checked by validating the
-recipe with its bounds (or each choice) before anything trains.
+(inclusive), ``choice:v1,v2,...`` (YAML values), each checked on the recipe before anything trains.
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ from finetune_cli.engine.search import (
 )
 from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_write_json, atomic_write_text
+from finetune_cli.inputs import check_output_apart
 from finetune_cli.pipelines.multiseed import run_seeds
 from finetune_cli.pipelines.recipes import Plan, load_plan, load_recipe
 from finetune_cli.pipelines.runs import seed_values
@@ -100,6 +100,7 @@ def run_sweep(recipe_path: str, overrides: Sequence[str], params: Sequence[str],
     # named after output.name, else the recipe's name (`-r scl` and `-r recipes/scl.yaml` -> sweep-scl)
     name = base.recipe.output.name or Path(recipe_path).stem
     sweep_dir = Path(out) if out else Path(base.recipe.output.dir) / f"sweep-{name}"
+    check_output_apart(sweep_dir, base.recipe, "sweep folder")
     _claim_sweep_dir(sweep_dir, _config(base.recipe, specs, seeds, metric, direction))
     study = optuna.create_study(
         study_name=STUDY_NAME, storage=f"sqlite:///{sweep_dir.resolve() / 'study.db'}", load_if_exists=True,

@@ -24,8 +24,10 @@ from finetune_cli.engine.device import resolve_device, resolve_precision
 from finetune_cli.engine.distributed import Processes, init_distributed, refuse_sharding
 from finetune_cli.engine.inference import pad_id
 from finetune_cli.engine.rng import seed_everything
+from finetune_cli.engine.setup import warmup_note
 from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, atomic_write_text, check_writable_dir
+from finetune_cli.inputs import check_output_apart
 from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
 from finetune_cli.pipelines.common import EVALUATORS, attach_label_texts, encode, load_data, model_card_info
 from finetune_cli.pipelines.push import push_after_training
@@ -46,6 +48,7 @@ def run_train(plan: Plan, ui, *, device: str = "auto", data_dir: Optional[str] =
               resume: Optional[str] = None, overwrite: bool = False,
               callbacks: Sequence[Callable] = ()) -> TrainOutcome:
     """Train into ``plan.run_dir``, holding its lock (the main process, for the whole run)."""
+    check_output_apart(plan.run_dir, plan.recipe)  # before the lock file is made there
     procs = init_distributed(device)
     lock = procs.on_main(lambda: RunLock(plan.run_dir).acquire())
     if lock is not None and lock.took_over:
@@ -72,6 +75,7 @@ def preflight(plan: Plan, *, device: str = "auto", data_dir: Optional[str] = Non
     """What ``--nproc N`` checks in its own process before it starts N (its recipe is validated): an
     accelerate config that shards, the device and precision, the data; so these are one line."""
     refuse_sharding()
+    check_output_apart(plan.run_dir, plan.recipe)
     resolve_precision(plan.recipe.train.precision, resolve_device(device), "train.precision", TrainingError)
     load_data(plan, data_dir_from_env(data_dir), need_train=True)
 
@@ -148,6 +152,8 @@ def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui
     holder["trainer"] = Trainer(model, plan.build_objective(train_enc.labels, data.num_labels), train_enc, recipe,
                                 run, procs, pad_id=pid, save_model=save_model, evaluate=eval_fn, ui=ui,
                                 sampler=plan.sampler, callbacks=callbacks)
+    if (note := warmup_note(recipe.train, holder["trainer"].total_steps)) is not None:
+        ui.warn(note)
     return holder["trainer"]
 
 

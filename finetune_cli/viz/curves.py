@@ -160,4 +160,7 @@ def write_curves(run, ui) -> Path | None:
     if not available():
         ui.warn("figures/curves.png skipped: matplotlib is not installed (pip install 'finetune-cli[plots]')")
         return None
+    from finetune_cli.fsutil import own_dir
+
+    own_dir(run.curves.parent, "figures folder")  # a link there is replaced, never written through
     return plot_curves(curve_series(run.metrics.read()), run.curves, title=str(run))

@@ -15,7 +15,7 @@ PKG = Path(__file__).resolve().parents[2] / "finetune_cli"
 
 # Lower number = lower layer. A module may import its own top-level package, or a strictly lower layer.
 LAYERS = {
-    "errors": 0, "fsutil": 1, "ui": 2, "recipe": 3, "rundir": 4, "checkpoint": 4.5,
+    "errors": 0, "fsutil": 1, "ui": 2, "recipe": 3, "rundir": 4, "checkpoint": 4.5, "inputs": 4.7,
     "data": 5, "metrics": 5, "viz": 5,
     "models": 6, "objectives": 7, "engine": 8, "augment": 8,
     "pipelines": 9, "cli": 10, "__main__": 11,

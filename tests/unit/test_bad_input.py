@@ -76,6 +76,11 @@ DATA: dict[str, tuple[str, Union[str, bytes]]] = {
     "dup_key_jsonl": ("dup_key.jsonl", '{"sentence": "good", "label": "positive"}\n'
                                        '{"sentence": "bad", "sentence": "worse", "label": "negative"}\n'),
     "mixed_id_jsonl": ("mixed_id.jsonl", '{"sentence": "good", "id": 1}\n{"sentence": "bad", "id": "x"}\n'),
+    "long_header_tsv": ("long_header.tsv", "sentence\t" + "h" * (1 << 20) + "\ngood\tx\n"),
+    "long_row_tsv": ("long_row.tsv", "sentence\tlabel\ngood\tpositive\n" + "w " * (1 << 19) + "x\tnegative\n"),
+    "long_line_txt": ("long_line.txt", "a cat\n" + "w" * ((1 << 20) + 1) + "\n"),
+    "gzip_tsv": ("rows.tsv", b"\x1f\x8b\x08\x00compressed bytes"),
+    "no_ext": ("rows", "sentence\tlabel\ngood\tpositive\n"),
     "nested_labels_jsonl": ("nested.jsonl", '{"sentence": "fun", "label": ["comedy"]}\n'
                                             '{"sentence": "sad", "label": [["comedy"], 3]}\n'),
 }
@@ -89,9 +94,9 @@ RUN_OVERRIDES = ["model.max_length=32", f"data.train={QUICKSTART / 'train.tsv'}"
 class Ctx(dict):
     """Template values; the expensive ones (copies of runs, files) are made on first use."""
 
-    def __init__(self, tmp: Path, model: Path, run: Path):
+    def __init__(self, tmp: Path, model: Path, run: Path, request: Any = None):
         super().__init__(tmp=str(tmp), model=str(model))
-        self.tmp, self._run = tmp, run
+        self.tmp, self._run, self._request = tmp, run, request
 
     def __missing__(self, key: str) -> str:
         if key in DATA:
@@ -121,6 +126,16 @@ class Ctx(dict):
             value = str(p)
         elif key == "model_copy":  # a model folder the case may damage
             value = str(shutil.copytree(self["model"], self.tmp / "model"))
+        elif key == "adapter":  # a copy of a LoRA classifier's adapter folder
+            value = str(shutil.copytree(self._request.getfixturevalue("lora_adapter"), self.tmp / "adapter"))
+        elif key == "onnx_embed":  # a copy of an ONNX folder of the tiny encoder (an embedding graph)
+            value = str(shutil.copytree(self._request.getfixturevalue("onnx_embedding"), self.tmp / "onnx"))
+        elif key == "wide_model":  # another model: a BERT 48 wide, with the tiny one's tokenizer
+            value = str(self._request.getfixturevalue("wide_model_dir"))
+        elif key == "loop":  # a symbolic link to itself
+            p = self.tmp / "loop.tsv"
+            p.symlink_to(p)
+            value = str(p)
         elif key == "ro":
             p = self.tmp / "ro"
             p.mkdir()
@@ -145,10 +160,12 @@ class Case:
     setup: Optional[Callable[[Ctx], Any]] = None
     left: list[str] = field(default_factory=list)  # paths that must not exist afterwards (templates)
     patch: Optional[Callable[[pytest.MonkeyPatch], Any]] = None  # e.g. a writer that finds the disk full
+    kept: list[str] = field(default_factory=list)  # paths that must be there afterwards, files unchanged
+    cwd: Optional[str] = None  # the folder the command runs in (a template)
 
 
-def C(id: str, argv: list[str], code: int, *expect: str, setup=None, left=(), patch=None) -> Any:
-    return pytest.param(Case(id, argv, code, list(expect), setup, list(left), patch), id=id)
+def C(id: str, argv: list[str], code: int, *expect: str, setup=None, left=(), patch=None, kept=(), cwd=None) -> Any:
+    return pytest.param(Case(id, argv, code, list(expect), setup, list(left), patch, list(kept), cwd), id=id)
 
 
 TRAIN = ["train", "-r", "quickstart", "model.name={model}", *RUN_OVERRIDES, "output.dir={tmp}/runs",
@@ -162,6 +179,17 @@ REPORT = ["report", "{run}", "--no-plot"]
 PROBE = ["probe", "sequential", "-r", "probe_sequential", "model.name={model}", "output.dir={tmp}/runs", "-q"]
 SEED_HUGE = str(2**63)
 PRED = ["predict", "{run}", "-c", "sentence", "--device", "cpu", "-q"]
+ONNX = ["export", "{run}", "--format", "onnx", "-q", "-o"]
+KEEP_RUN = ["{run}/summary.json", "{run}/metrics.jsonl", "{run}/best/config.json", "{run}/best/model.safetensors",
+            "{run}/checkpoint-2/trainer_state.json"]
+TOKENIZER = ["{onnx_embed}/tokenizer.json", "{onnx_embed}/vocab.txt", "{onnx_embed}/tokenizer_config.json",
+             "{onnx_embed}/special_tokens_map.json"]
+
+
+def _upload_nothing(mp: pytest.MonkeyPatch) -> None:
+    def upload(*_a, **_k):
+        raise AssertionError("push uploaded")
+    mp.setattr("finetune_cli.pipelines.push._upload", upload)
 NOT_MODEL = ["{tmp}/runs/t/best", "{tmp}/runs/t/checkpoint-1"]
 
 
@@ -210,6 +238,47 @@ def _json_edit(rel: str, fn: Callable[[Any], Any]) -> Callable[[Ctx], None]:
     def setup(ctx: Ctx) -> None:
         p = Path(fill(rel, ctx))
         p.write_text(json.dumps(fn(json.loads(p.read_text()))))
+    return setup
+
+
+def _link(rel: str, target: str) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        t = Path(fill(target, ctx))
+        if not t.exists():
+            t.parent.mkdir(parents=True, exist_ok=True)
+            t.write_text("hf_secret_token\n")
+        Path(fill(rel, ctx)).symlink_to(t)
+    return setup
+
+
+def _hard_link(rel: str, target: str) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        t, p = Path(fill(target, ctx)), Path(fill(rel, ctx))
+        t.write_text("precious\n")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        os.link(t, p)
+    return setup
+
+
+def _copy(src: str, dst: str) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        shutil.copy2(fill(src, ctx), fill(dst, ctx))
+    return setup
+
+
+def _delete(*rels: str) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        for rel in rels:
+            p = Path(fill(rel, ctx))
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    return setup
+
+
+def _base_of_adapter(base: str) -> Callable[[Ctx], None]:
+    """The adapter copy's ``base_model_name_or_path`` set to ``base``."""
+    def setup(ctx: Ctx) -> None:
+        f = Path(ctx["adapter"]) / "adapter_config.json"
+        f.write_text(json.dumps({**json.loads(f.read_text()), "base_model_name_or_path": fill(base, ctx)}))
     return setup
 
 
@@ -465,6 +534,117 @@ CASES = [
     C("recipes-show-missing", ["recipes", "show", "nosuch"], 2, "nosuch"),
     C("recipes-validate-drop-unknown", ["recipes", "validate", "quickstart", "~data.colums"], 2, "~data.colums",
       "did you mean `data.columns`"),
+    # ---- outputs apart from their inputs: nothing a command reads is replaced --------------------
+    C("export-onnx-out-is-run", [*ONNX, "{run}", "--overwrite"], 2, "is the run directory", kept=KEEP_RUN),
+    C("export-out-is-model-folder", [*ONNX, "{run}/best", "--overwrite"], 2, "is the model folder", kept=KEEP_RUN),
+    C("export-out-inside-run", [*ONNX, "{run}/onnx"], 2, "lies inside the run directory", left=["{run}/onnx"],
+      kept=KEEP_RUN),
+    C("export-out-holds-run", [*ONNX, "{tmp}/runs", "--overwrite"], 2, "holds the run directory", kept=KEEP_RUN),
+    C("export-out-is-cwd", [*ONNX, ".", "--overwrite"], 2, "is the current folder", cwd="{tmp}/here",
+      setup=_write("{tmp}/here/keep.txt", "mine\n"), kept=["{tmp}/here/keep.txt", *KEEP_RUN]),
+    C("export-merge-out-is-base", ["export", "{adapter}", "--merge", "-q", "-o", "{model_copy}", "--overwrite"], 2,
+      "is the adapter's base model", setup=_base_of_adapter("{model_copy}"),
+      kept=["{model_copy}/config.json", "{model_copy}/model.safetensors"]),
+    C("train-output-is-model", [*TRAIN, "model.name={model_copy}", "output.dir={tmp}", "output.name=model",
+                                "--overwrite"], 2, "is the model folder", kept=["{tmp}/model/config.json",
+                                                                                "{tmp}/model/model.safetensors"]),
+    C("train-output-holds-data", [*TRAIN, "data.train={good_tsv}", "output.dir={tmp}", "output.name=data",
+                                  "--overwrite"], 2, "holds the training data", kept=["{good_tsv}"]),
+    C("train-output-is-cwd", [*TRAIN, "output.dir={tmp}", "output.name=here", "--overwrite"], 2,
+      "is the current folder", cwd="{tmp}/here", setup=_write("{tmp}/here/keep.txt", "mine\n"),
+      kept=["{tmp}/here/keep.txt"], left=["{tmp}/here/.finetune.lock"]),
+    C("predict-out-in-model-folder", [*PRED, "-i", "{good_tsv}", "-o", "{run}/best/config.json"], 2,
+      "lies inside the model folder", kept=KEEP_RUN),
+    C("embed-out-in-model-folder", [*EMBED, "{sentences_txt}", "-o", "{run}/best/e.npy"], 2,
+      "lies inside the model folder", left=["{run}/best/e.npy"], kept=KEEP_RUN),
+    C("augment-work-folder-holds-input", [*AUG, "-i", "{tmp}/a.tsv.parts/in.tsv", "-o", "{tmp}/a.tsv"], 2,
+      "work folder", "holds the input file", setup=_write("{tmp}/a.tsv.parts/in.tsv", "sentence\tlabel\ngood\tpositive\n"),
+      kept=["{tmp}/a.tsv.parts/in.tsv"], left=["{tmp}/a.tsv"]),
+    C("probe-out-is-model", [*PROBE, "model.name={model_copy}", "output.dir={tmp}", "output.name=model",
+                             "--overwrite"], 2, "is the model folder", kept=["{tmp}/model/config.json"]),
+    # ---- output.name: one folder name under output.dir ----------------------------------------
+    C("train-output-name-parent", [*TRAIN, "output.name=../escape", "--overwrite"], 2, "output.name",
+      "one folder name", setup=_write("{tmp}/escape/keep.txt", "mine\n"), kept=["{tmp}/escape/keep.txt"]),
+    C("train-output-name-absolute", [*TRAIN, "output.name={tmp}/escape", "--overwrite"], 2, "output.name",
+      "one folder name", setup=_write("{tmp}/escape/keep.txt", "mine\n"), kept=["{tmp}/escape/keep.txt"]),
+    C("train-output-name-from-file", ["train", "-r", "{tmp}/r.yaml", "model.name={model}", *RUN_OVERRIDES[:-1],
+                                      "output.dir={tmp}/runs", "--overwrite", "--device", "cpu", "-q"], 2,
+      "output.name", "r.yaml", "one folder name",
+      setup=_both(_write("{tmp}/r.yaml", "output:\n  name: ../escape\n"), _write("{tmp}/escape/keep.txt", "mine\n")),
+      kept=["{tmp}/escape/keep.txt"]),
+    C("recipes-validate-output-name-dotdot", ["recipes", "validate", "quickstart", "output.name=.."], 2,
+      "output.name", "one folder name"),
+    # ---- the lock, figures/ and push: write and read inside the folder only --------------------
+    C("train-lock-hard-link", TRAIN, 2, ".finetune.lock", "hard link",
+      setup=_hard_link("{tmp}/runs/t/.finetune.lock", "{tmp}/precious.txt"), kept=["{tmp}/precious.txt"],
+      left=["{tmp}/runs/t/recipe.yaml"]),
+    C("train-lock-fifo", TRAIN, 2, ".finetune.lock", "not a regular file",
+      setup=lambda c: ((c.tmp / "runs" / "t").mkdir(parents=True), os.mkfifo(c.tmp / "runs" / "t" / ".finetune.lock")),
+      left=["{tmp}/runs/t/recipe.yaml"]),
+    C("push-symlink-outside", ["push", "{run}", "me/model", "-q"], 2, "best/token", "symbolic link",
+      setup=_link("{run}/best/token", "{tmp}/secret/token"), patch=_upload_nothing),
+    C("push-symlinked-folder", ["push", "{run}", "me/model", "--dry-run", "-q"], 2, "best/home", "symbolic link",
+      setup=_link("{run}/best/home", "{tmp}"), patch=_upload_nothing),
+    # ---- bounded rows, headers and error lines -------------------------------------------------
+    C("predict-header-huge", [*PRED, "-i", "{long_header_tsv}", "-o", "{tmp}/p.csv"], 2, "line 1",
+      "long_header.tsv", "1,048,576", left=["{tmp}/p.csv"]),
+    C("predict-row-huge", [*PRED, "-i", "{long_row_tsv}", "-o", "{tmp}/p.csv"], 2, "line 3", "long_row.tsv",
+      left=["{tmp}/p.csv"]),
+    C("embed-line-huge", [*EMBED, "{long_line_txt}", "-o", "{tmp}/e.npy"], 2, "line 2", "long_line.txt",
+      left=["{tmp}/e.npy"]),
+    C("train-row-huge", [*TRAIN, "data.train={long_row_tsv}"], 2, "line 3", "long_row.tsv", left=NOT_MODEL),
+    C("augment-row-huge", [*AUG, "-i", "{long_row_tsv}", "-o", "{tmp}/a.tsv"], 2, "line 3", left=["{tmp}/a.tsv"]),
+    # ---- ONNX and LoRA folders ---------------------------------------------------------------
+    C("export-onnx-pooled-fake-onnx-input", ["export", "{model_copy}", "--format", "onnx", "-o", "{tmp}/o", "-q"], 2,
+      "is an ONNX folder already", setup=_write("{model_copy}/model.onnx", b"not a graph"), left=["{tmp}/o"]),
+    C("predict-onnx-embedding-graph-as-classifier", ["predict", "{onnx_embed}", "-i", "{good_tsv}", "-c", "sentence",
+                                                    "-o", "{tmp}/p.csv", "-q"], 2, "computes embeddings", "logits",
+      setup=_both(_copy("{run}/best/config.json", "{onnx_embed}/config.json"),
+                  _copy("{run}/best/finetune_model.json", "{onnx_embed}/finetune_model.json")), left=["{tmp}/p.csv"]),
+    C("embed-onnx-no-tokenizer", ["embed", "{onnx_embed}", "{sentences_txt}", "-o", "{tmp}/e.npy", "-q"], 2,
+      "no tokenizer files", setup=_delete(*TOKENIZER), left=["{tmp}/e.npy"]),
+    C("embed-onnx-no-config", ["embed", "{onnx_embed}", "{sentences_txt}", "-o", "{tmp}/e.npy", "-q"], 2,
+      "has no config.json", setup=_delete("{onnx_embed}/config.json"), left=["{tmp}/e.npy"]),
+    C("train-model-is-onnx-folder", [*TRAIN, "model.name={onnx_embed}"], 2, "is an ONNX folder", left=NOT_MODEL),
+    C("train-model-is-adapter-folder", [*TRAIN, "model.name={adapter}"], 2, "is a LoRA adapter folder", "--merge",
+      left=NOT_MODEL),
+    C("predict-adapter-rank-disagrees", ["predict", "{adapter}", "-i", "{good_tsv}", "-c", "sentence", "-o",
+                                         "{tmp}/p.csv", "-q"], 2, "adapter_model.safetensors", "does not match",
+      setup=_json_edit("{adapter}/adapter_config.json", lambda d: {**d, "r": d["r"] * 2}), left=["{tmp}/p.csv"]),
+    C("predict-adapter-base-replaced", ["predict", "{adapter}", "-i", "{good_tsv}", "-c", "sentence", "-o",
+                                        "{tmp}/p.csv", "-q"], 2, "base model", "hidden_size 48", "hidden_size 32",
+      setup=_base_of_adapter("{wide_model}"), left=["{tmp}/p.csv"]),
+    # ---- symbolic link loops: one line ---------------------------------------------------------
+    C("predict-input-loop", [*PRED, "-i", "{loop}", "-o", "{tmp}/p.csv"], 2, "loop.tsv", left=["{tmp}/p.csv"]),
+    C("augment-input-loop", [*AUG, "-i", "{loop}", "-o", "{tmp}/a.tsv"], 2, "loop.tsv", left=["{tmp}/a.tsv"]),
+    C("report-run-loop", ["report", "{loop}", "--no-plot"], 2, "loop.tsv"),
+    C("export-onnx-disk-full", [*ONNX, "{tmp}/o"], 5, "no space left", "{tmp}/o", left=["{tmp}/o"], kept=KEEP_RUN,
+      patch=_full_disk_at("finetune_cli.pipelines.export", "export_onnx")),
+    # ---- misleading lines: name the key, the rule and the fix ---------------------------------
+    C("predict-gzip", [*PRED, "-i", "{gzip_tsv}", "-o", "{tmp}/p.csv"], 2, "rows.tsv", "gzip-compressed", "gunzip",
+      left=["{tmp}/p.csv"]),
+    C("train-gzip", [*TRAIN, "data.train={gzip_tsv}"], 2, "rows.tsv", "gzip-compressed", left=NOT_MODEL),
+    C("predict-no-extension", [*PRED, "-i", "{no_ext}", "-o", "{tmp}/p.csv"], 2, "cannot tell the format",
+      "name it .csv", left=["{tmp}/p.csv"]),
+    C("train-max-length-huge", [*TRAIN, "model.max_length=100000"], 2, "model.max_length", "position limit", "128",
+      left=NOT_MODEL),
+    C("export-out-is-cwd-elsewhere", [*ONNX, "{tmp}/here/..", "--overwrite"], 2, "holds the", cwd="{tmp}/here",
+      kept=KEEP_RUN),
+    C("recipes-validate-refit-r4f", ["recipes", "validate", "quickstart", "train.refit_head=true",
+                                     "objective.name=r4f"], 2, "train.refit_head", "r4f", "spectrally"),
+    C("recipes-validate-refit-regression", ["recipes", "validate", "quickstart", "train.refit_head=true",
+                                            "model.problem_type=regression"], 2, "train.refit_head", "regression"),
+    # ---- recipe sub-keys name the key and its rule ---------------------------------------------
+    C("recipes-validate-lora-r-zero", ["recipes", "validate", "quickstart", "model.lora.r=0"], 2, "`model.lora.r`",
+      "> 0"),
+    C("recipes-validate-lora-alpha-nan", ["recipes", "validate", "quickstart", "model.lora.alpha=.nan"], 2,
+      "`model.lora.alpha`", "finite"),
+    C("recipes-validate-lora-dropout-one", ["recipes", "validate", "quickstart", "model.lora.dropout=1.0"], 2,
+      "`model.lora.dropout`", "< 1.0"),
+    C("recipes-validate-lora-targets-string", ["recipes", "validate", "quickstart", "model.lora.target_modules=query"],
+      2, "`model.lora.target_modules`", "list"),
+    C("recipes-validate-lora-typo", ["recipes", "validate", "quickstart", "model.lora.rr=4"], 2, "`model.lora.rr`",
+      "did you mean `model.lora.r`"),
 ]
 
 
@@ -479,6 +659,47 @@ def finished_run(tiny_model_dir, tmp_path_factory) -> Path:
     run = out / "t"
     assert (run / "checkpoint-1").is_dir() and (run / "checkpoint-2").is_dir() and (run / "best").is_dir()
     return run
+
+
+@pytest.fixture(scope="module")
+def lora_adapter(tiny_model_dir, tmp_path_factory) -> Path:
+    """The best/ folder of a one-step LoRA run of the tiny model (a classifier's adapter folder)."""
+    out = tmp_path_factory.mktemp("bad-input-lora")
+    res = runner.invoke(app, ["train", "-r", "quickstart", f"model.name={tiny_model_dir}", *RUN_OVERRIDES,
+                              "train.max_steps=1", "model.lora.r=4", f"output.dir={out}", "--device", "cpu", "-q"])
+    assert res.exit_code == 0, res.output
+    return out / "t" / "best"
+
+
+@pytest.fixture(scope="module")
+def onnx_embedding(tiny_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bad-input-onnx") / "onnx"
+    res = runner.invoke(app, ["export", str(tiny_model_dir), "--format", "onnx", "-o", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def wide_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    from transformers import BertConfig, BertModel
+
+    out = tmp_path_factory.mktemp("wide-bert")
+    BertModel(BertConfig(vocab_size=30522, hidden_size=48, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=128)).save_pretrained(out)
+    for f in tiny_model_dir.iterdir():
+        if f.name.startswith(("tokenizer", "vocab", "special")):
+            shutil.copy2(f, out / f.name)
+    return out
+
+
+def _snapshot(paths: list[str], ctx: Ctx) -> dict[str, Optional[bytes]]:
+    """What each kept path holds now (a file's bytes; None for a folder)."""
+    out: dict[str, Optional[bytes]] = {}
+    for rel in paths:
+        p = Path(fill(rel, ctx))
+        assert p.exists(), f"kept path {p} missing before the command"
+        out[str(p)] = p.read_bytes() if p.is_file() else None
+    return out
 
 
 @contextlib.contextmanager
@@ -535,12 +756,16 @@ def read_only_as_root(ctx: Ctx):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_bad_input(case: Case, tmp_path, tiny_model_dir, finished_run):
-    ctx = Ctx(tmp_path, tiny_model_dir, finished_run)
+def test_bad_input(case: Case, tmp_path, tiny_model_dir, finished_run, request):
+    ctx = Ctx(tmp_path, tiny_model_dir, finished_run, request)
     if case.setup is not None:
         case.setup(ctx)
     argv = [fill(a, ctx) for a in case.argv]
+    before = _snapshot(case.kept, ctx)
     with read_only_as_root(ctx), pytest.MonkeyPatch.context() as mp:
+        if case.cwd is not None:
+            Path(fill(case.cwd, ctx)).mkdir(parents=True, exist_ok=True)
+            mp.chdir(fill(case.cwd, ctx))
         if case.patch is not None:
             case.patch(mp)
         res = runner.invoke(app, argv)
@@ -567,6 +792,9 @@ def test_bad_input(case: Case, tmp_path, tiny_model_dir, finished_run):
     assert res.exit_code == case.code, (res.exit_code, errors[0])
     for rel in case.left:
         assert not Path(fill(rel, ctx)).exists(), rel
+    for path, content in before.items():  # nothing the command reads was deleted or changed
+        assert Path(path).exists(), f"{path} was deleted"
+        assert content is None or Path(path).read_bytes() == content, f"{path} was changed"
     # writers leave nothing a rerun would trust: no half-written summary or model files
     for p in tmp_path.rglob("*"):
         assert not (p.name.endswith(".tmp") or ".tmp." in p.name), p
@@ -576,7 +804,7 @@ def test_table_size():
     ids = [c.values[0].id for c in CASES]
     assert len(ids) == len(set(ids)) and len(ids) >= 60
     commands = {c.values[0].argv[0] for c in CASES}
-    assert commands == {"train", "eval", "predict", "embed", "augment", "export", "probe", "report", "recipes"}
+    assert commands == {"train", "eval", "predict", "embed", "augment", "export", "probe", "report", "recipes", "push"}
 
 
 def test_outputs_follow_the_umask(tmp_path):
@@ -626,3 +854,62 @@ def np_load(p):
     import numpy as np
 
     return np.load(p, allow_pickle=False)
+
+
+def test_a_figures_link_is_replaced_not_written_through(tmp_path, tiny_model_dir):
+    """A run folder's ``figures/`` that is a symbolic link: training writes ``curves.png`` into a real
+    ``figures/`` inside the run, and the folder the link pointed to stays empty."""
+    pytest.importorskip("matplotlib")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    argv = ["train", "-r", "quickstart", f"model.name={tiny_model_dir}", *RUN_OVERRIDES,
+            f"output.dir={tmp_path / 'runs'}", "--device", "cpu", "-q"]
+    assert runner.invoke(app, argv).exit_code == 0
+    run = tmp_path / "runs" / "t"  # cut before its end (it resumes), its figures/ a link
+    (run / "summary.json").unlink()
+    shutil.rmtree(run / "final")
+    shutil.rmtree(run / "figures")
+    (run / "figures").symlink_to(elsewhere)
+    res = runner.invoke(app, argv)
+    assert res.exit_code == 0, res.output
+    assert not (run / "figures").is_symlink() and (run / "figures" / "curves.png").is_file()
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_warmup_longer_than_the_run_is_named(tmp_path, tiny_model_dir):
+    """``train.warmup_steps`` beyond the last step: a warning naming the key, the run's steps and the
+    fraction of ``train.lr`` reached (a warning, not a refusal: a short trial of a long recipe is fair)."""
+    res = runner.invoke(app, ["train", "-r", "quickstart", f"model.name={tiny_model_dir}", *RUN_OVERRIDES,
+                              "train.warmup_steps=100", f"output.dir={tmp_path / 'runs'}",
+                              "--device", "cpu", "-q"])
+    assert res.exit_code == 0, res.output
+    warn = [ln for ln in res.stderr.splitlines() if "train.warmup_steps" in ln]
+    assert len(warn) == 1 and "100" in warn[0] and "2 steps" in warn[0] and "2%" in warn[0], res.stderr
+    ok = runner.invoke(app, ["train", "-r", "quickstart", f"model.name={tiny_model_dir}", *RUN_OVERRIDES,
+                             "train.warmup_steps=2", "output.name=u", f"output.dir={tmp_path / 'runs'}",
+                             "--device", "cpu", "-q"])
+    assert ok.exit_code == 0 and "warmup" not in ok.stderr, ok.stderr
+
+
+def test_check_apart_names_the_closest_relation_through_links(tmp_path):
+    """The one check every writer runs: is / holds / lies inside an input, a second name (a link)
+    caught too, the closest relation named, a link loop no error of its own."""
+    from finetune_cli.errors import FinetuneError
+    from finetune_cli.fsutil import check_apart
+
+    run = tmp_path / "runs" / "t"
+    (run / "best").mkdir(parents=True)
+    (tmp_path / "alias").symlink_to(run)
+    inputs = [("run directory", run), ("model folder", run / "best")]
+    for out, words in ((run, "is the run directory"), (run / "best", "is the model folder"),
+                       (tmp_path / "alias" / "best", "is the model folder"), (tmp_path / "runs", "holds the run"),
+                       (run / "x", "lies inside the run directory"), (tmp_path / "alias", "is the run directory")):
+        with pytest.raises(FinetuneError, match=words):
+            check_apart(out, inputs)
+    for out in (tmp_path / "other", tmp_path / "runs" / "u", tmp_path / "runs" / "t2"):
+        check_apart(out, inputs)  # apart: nothing raised
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    check_apart(tmp_path / "loop", inputs)
+    with pytest.raises(FinetuneError, match="is the current folder"):
+        check_apart(tmp_path, [], around=[("current folder", tmp_path)])
+    check_apart(tmp_path / "sub", [], around=[("current folder", tmp_path)])  # inside the current folder: fine

@@ -240,3 +240,22 @@ def test_onnx_without_onnxruntime_is_one_line_naming_the_extra(lora_run, tmp_pat
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     r = CliRunner().invoke(app, ["export", str(lora_run.run_dir), "-o", str(tmp_path / "o"), "--format", "onnx"])
     assert r.exit_code == 2 and "pip install 'finetune-cli[onnx]'" in r.output and r.output.count("\n") == 1
+
+
+def test_onnx_export_of_a_pooled_head_classifier_keeps_the_head(tiny_recipe, tmp_path):
+    """A classifier with ``model.head=pooled`` (pooling + linear, finetune's own head) exports its
+    logits too, and ``predict`` on the ONNX folder gives the torch folder's predictions (before, the
+    head was dropped without a word and predict failed on a missing `logits`)."""
+    res = _train(tiny_recipe("model.head=pooled", "train.max_steps=4"))
+    out = run_export(str(res.run_dir), str(tmp_path / "onnx"), UI(quiet=True), fmt="onnx")
+    assert out.outputs == ["logits", "embeddings"]
+    (tmp_path / "in.tsv").write_text("text\n" + "".join(t + "\n" for t in _hundred()[:40]))
+    rows = {}
+    for name, model in (("torch", res.run_dir), ("onnx", tmp_path / "onnx")):
+        r = CliRunner().invoke(app, ["predict", str(model), "-i", str(tmp_path / "in.tsv"),
+                                     "-o", str(tmp_path / f"{name}.jsonl"), "-q"])
+        assert r.exit_code == 0, r.output
+        rows[name] = [json.loads(x) for x in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    assert len(rows["onnx"]) == 40
+    for a, b in zip(rows["torch"], rows["onnx"], strict=True):
+        assert a["pred_label"] == b["pred_label"] and abs(a["prob_positive"] - b["prob_positive"]) < 1e-4

@@ -5,6 +5,7 @@ leaves nothing under the output's name."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,3 +134,55 @@ def test_predict_carries_columns_through_as_training_reads_them(classifier, tmp_
                  encoding="utf-8")
     res = run_predict(classifier, str(j), str(tmp_path / "o.jsonl"), UI(quiet=True), device="cpu")
     assert res.rows == 2 and _read(tmp_path / "o.jsonl")["text"] == ["a\u2028b", "c"]
+
+
+# ---- memory on one huge line ---------------------------------------------------------------------
+
+_PEAK = """
+import resource, subprocess, sys
+r = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, r.stderr.strip().splitlines()[-1:])
+"""
+
+
+def _peak_rss_mb(args: list[str]) -> tuple[int, float, str]:
+    """Exit code, peak RSS (MB) and last stderr line of ``finetune ARGS`` in a fresh process (the
+    measuring process's only child, so the peak is that command's)."""
+    import ast
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-c", _PEAK, sys.executable, "-c", "from finetune_cli.cli.main import app; app()", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120).stdout.split(" ", 2)
+    return int(out[0]), int(out[1]) / 1024, (ast.literal_eval(out[2]) or [""])[0]
+
+
+def test_embed_and_predict_memory_stays_bounded_on_a_100_mb_line(tiny_model_dir, tmp_path):
+    """A file whose third line is 100 MB: ``embed`` and ``predict`` refuse it in one line naming the
+    line and the limit, with a peak RSS within 100 MB of the same command on a small file (before
+    the bound, reading it took ~140 MB per MB of the line: 14 GB here). One process each, measured
+    by ``getrusage(RUSAGE_CHILDREN)`` in a fresh parent."""
+    from finetune_cli.data.sources import MAX_ROW_CHARS
+
+    small, huge = tmp_path / "small.txt", tmp_path / "huge.txt"
+    small.write_text("a cat sat\nthe dog ran\n")
+    with huge.open("w") as f:
+        f.write("a cat sat\nthe dog ran\n")
+        for _ in range(100):
+            f.write("word " * 200_000)  # 1 MB
+        f.write("\nlast line\n")
+    base_code, base, _ = _peak_rss_mb(["embed", str(tiny_model_dir), str(small), "-o", str(tmp_path / "s.npy"),
+                                       "--device", "cpu", "-q"])
+    assert base_code == 0 and (tmp_path / "s.npy").is_file()
+    code, peak, line = _peak_rss_mb(["embed", str(tiny_model_dir), str(huge), "-o", str(tmp_path / "h.npy"),
+                                     "--device", "cpu", "-q"])
+    assert code == 2 and "line 3" in line and f"{MAX_ROW_CHARS:,}" in line, line
+    assert peak < base + 100, (peak, base)
+    assert not (tmp_path / "h.npy").exists()
+    (tmp_path / "huge.tsv").symlink_to(huge)  # one column named by its header line
+    code, peak, line = _peak_rss_mb(["predict", str(tiny_model_dir), "-i", str(tmp_path / "huge.tsv"), "-c",
+                                     "a cat sat", "-o", str(tmp_path / "p.csv"), "--device", "cpu", "-q"])
+    assert code == 2 and "line 3" in line, line
+    assert peak < base + 100, (peak, base)
