@@ -29,7 +29,7 @@ NOISE = ("samples_per_s", "gpu_mem_gb", "gpu_mem_peak_gb")
 
 def train(root: Path, out: Path, name: str, overrides: list[str], kill_after: int | None = None) -> None:
     env = {**os.environ, "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1", "FINETUNE_CACHE": str(out / ".cache")}
-    cmd = [sys.executable, "-m", "finetune_cli.cli.main", "train", "-r", "quickstart", f"output.dir={out}",
+    cmd = [sys.executable, "-m", "finetune_cli", "train", "-r", "quickstart", f"output.dir={out}",
            f"output.name={name}", *SMALL, *overrides, "-q"]
     p = subprocess.Popen(cmd, env=env, cwd=root)
     if kill_after is None:

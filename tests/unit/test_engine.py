@@ -139,7 +139,7 @@ def test_nan_loss_stops_with_step_and_keeps_checkpoint(tiny_recipe, tmp_path):
 
 
 def test_failed_checkpoint_write_leaves_nothing_half_written(tiny_recipe, tmp_path, monkeypatch):
-    import finetune_cli.engine.trainer as tr
+    import finetune_cli.checkpoint as tr
 
     real_save = tr.save_state
     state = {"n": 0}
