@@ -124,6 +124,18 @@ def verdict(reports: dict[int, tuple[int, str]], exits: dict[int, int], world: i
     return 1, f"the launcher failed with no worker failure (exits: {exits}); rerun with --debug"
 
 
+EXITS_ENV = "FINETUNE_LAUNCH_EXITS"
+
+
+def _record_exits(exits: dict[int, int], code: int) -> None:
+    """``$FINETUNE_LAUNCH_EXITS``, when set: the failed ranks' exit codes as torchrun saw them
+    (negative: killed by that signal) and the run's code, as JSON. What a rank reports from its own
+    ``finally`` is lost when it is killed; this record is the launcher's, written either way."""
+    path = os.environ.get(EXITS_ENV)
+    if path:
+        Path(path).write_text(json.dumps({"exits": {str(r): c for r, c in exits.items()}, "code": code}))
+
+
 def agent(argv: Sequence[str]) -> int:
     """torchrun (``argv``: its arguments) in this process; on a failure or a stop signal, print the
     one line of :func:`verdict` and return its exit code instead of torchrun's traceback."""
@@ -149,6 +161,7 @@ def agent(argv: Sequence[str]) -> int:
         except SignalException:  # stopped by the parent: the workers were told and have exited
             pass
         code, line = verdict(read_reports(folder), exits, int(args.nproc_per_node))
+        _record_exits(exits, code)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     UI().error(line)
