@@ -202,8 +202,9 @@ class Checkpointer:
     """The checkpoints of one run folder: write, read, verify, pick, prune.
 
     ``keep``: how many complete checkpoints :meth:`write` leaves (the newest ones, never the one it
-    just wrote). It remembers the step it last wrote, so the checkpoint of an interrupted run is not
-    written twice (:meth:`written`)."""
+    just wrote). It remembers the step last written (``last_written``; the trainer sets it on every
+    rank, since only the main process writes), so the checkpoint of an interrupted run or the final
+    one is not written twice (:meth:`written`)."""
 
     OPTIONAL_STATES = ("scaler",)
 

@@ -193,6 +193,7 @@ class Trainer:
                                    states=states, rngs=rngs, recipe_yaml=self.recipe.to_yaml(),
                                    trainer_state=asdict(self.state))
         self.acc.wait_for_everyone()
+        self.checkpoints.last_written = self.state.step  # on every rank: later saves are skipped by all or none
         return self.checkpoints.path(self.state.step)
 
     def load_checkpoint(self, ck: Path) -> None:
