@@ -242,10 +242,15 @@ class Trainer:
             with atomic_dir(self.run.best) as tmp:
                 self.save_model_fn(self.unwrapped(), tmp)
                 atomic_write_json(tmp / BEST_METRICS, {"step": st.step, **metrics})
-        self._log_metrics({"step": st.step, "epoch": st.epoch, **{f"eval/{k}": v for k, v in metrics.items()}})
+        self._log_metrics({"step": st.step, "epoch": self._epoch_at(), **{f"eval/{k}": v for k, v in metrics.items()}})
         shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
         progress.log(f"eval @ step {st.step}: {shown}{'  (best)' if better else ''}")
         return metrics
+
+    def _epoch_at(self) -> float:
+        """Where the run stands, in epochs (fractional, as the training records say)."""
+        st = self.state
+        return round(st.epoch + st.batch_in_epoch / len(self._epoch_batches(st.epoch)), 4)
 
     def _evaluate_step(self, progress) -> None:
         """Evaluate at this step; if interrupted, leave the state as it was before the evaluation
