@@ -9,6 +9,10 @@ Runners (each in its own fresh process, so no runner inherits another's caches o
 - ``finetune_bf16`` / ``hf_grouped_bf16``: the two above with bf16 autocast (``train.precision=bf16``;
   the Trainer's ``bf16=True``), for CPUs with native bf16 (AVX512-BF16/AMX) and GPUs. Not in the
   default set: each side in the same precision is the like-for-like comparison.
+- ``finetune_graphs``: ``finetune_bf16`` with ``train.cuda_graphs=on`` (the step captured per
+  padded width and replayed; GPU only); its capture time is reported.
+- ``hf_compile_bf16``: ``hf_grouped_bf16`` with ``torch_compile=True``, the setting a Trainer user
+  tries for speed; its compile time is inside its clock, as the capture is inside finetune's.
 
 Same model (the embedded all-MiniLM-L6-v2 + a 2-way head), same SST-2 sentences (from
 --data-dir / $FINETUNE_DATA_DIR; synthetic sentences when absent), batch 32, max length 64, one
@@ -78,7 +82,8 @@ import torch  # noqa: E402
 
 BATCH, MAXLEN, LR, WD = 32, 64, 5e-5, 0.01
 RUNNERS = ("finetune", "hf_grouped", "hf_default", "bare")
-BF16_RUNNERS = ("finetune_bf16", "hf_grouped_bf16")
+BF16_RUNNERS = ("finetune_bf16", "hf_grouped_bf16", "finetune_graphs", "hf_compile_bf16")
+GRAPHS: dict = {}  # the last finetune run's summary["cuda_graphs"] (widths, capture seconds)
 REF = "hf_grouped"
 
 
@@ -221,12 +226,13 @@ def run_finetune(work: Path, name: str, train_file: Path, model: str, clock: Ste
           f"output.dir={work}", f"output.name={name}", *extra]
     cbs = [lambda trainer, state: clock.tick()] if clock else []
     out = run_train(load_recipe(None, ov), UI(quiet=True), device=device, overwrite=True, callbacks=cbs)
+    GRAPHS.update(out.summary.get("cuda_graphs") or {})
     m, tok, _ = load_text_model(str(out.run_dir / "final"))
     return m.to(device), tok, False
 
 
 def run_hf(work: Path, sents, labels, model_path: str, clock: StepClock | None, grouped: bool,
-           bf16: bool = False, device: str = "cpu"):
+           bf16: bool = False, device: str = "cpu", compile: bool = False):
     from transformers import (
         AutoModelForSequenceClassification,
         AutoTokenizer,
@@ -246,7 +252,7 @@ def run_hf(work: Path, sents, labels, model_path: str, clock: StepClock | None, 
         output_dir=str(work / "hf"), per_device_train_batch_size=BATCH, num_train_epochs=1, learning_rate=LR,
         weight_decay=WD, report_to="none", save_strategy="no", logging_strategy="no", eval_strategy="no",
         use_cpu=device == "cpu", max_grad_norm=1.0, seed=0, disable_tqdm=True, optim="adamw_torch_fused",
-        train_sampling_strategy="group_by_length" if grouped else "random", bf16=bf16)
+        train_sampling_strategy="group_by_length" if grouped else "random", bf16=bf16, torch_compile=compile)
 
     class Tick(TrainerCallback):
         def on_step_end(self, *a, **k):
@@ -300,12 +306,13 @@ def worker(a) -> None:
     os.environ["FINETUNE_CACHE"] = str(tmp / "cache")  # a fresh token cache: finetune tokenises like the others
 
     def once(ss, ys, file, clock, name):
-        if a.worker in ("finetune", "finetune_bf16"):
-            extra = [*a.ft, "train.precision=bf16"] if a.worker == "finetune_bf16" else a.ft
-            return run_finetune(tmp, name, file, ft_model, clock, extra, a.device)
-        if a.worker in ("hf_grouped", "hf_default", "hf_grouped_bf16"):
+        if a.worker in ("finetune", "finetune_bf16", "finetune_graphs"):
+            extra = {"finetune": [], "finetune_bf16": ["train.precision=bf16"],
+                     "finetune_graphs": ["train.precision=bf16", "train.cuda_graphs=on"]}[a.worker]
+            return run_finetune(tmp, name, file, ft_model, clock, [*a.ft, *extra], a.device)
+        if a.worker in ("hf_grouped", "hf_default", "hf_grouped_bf16", "hf_compile_bf16"):
             return run_hf(tmp / name, ss, ys, model_path, clock, a.worker != "hf_default",
-                          bf16=a.worker == "hf_grouped_bf16", device=a.device)
+                          bf16=a.worker.endswith("_bf16"), device=a.device, compile=a.worker == "hf_compile_bf16")
         return run_bare(ss, ys, model_path, clock, a.device)
 
     t0 = time.perf_counter()
@@ -323,6 +330,7 @@ def worker(a) -> None:
     where = f"{a.device} {torch.cuda.get_device_name()}" if cuda else f"cpu, torch threads {torch.get_num_threads()}"
     print(json.dumps({"train_s": train_s, "warm_s": warm_s, "steps": clock.steps, "ms_per_step": clock.ms_per_step(),
                       "accuracy": acc, "threads": torch.get_num_threads(), "device": where, "peak_gb": mem,
+                      "capture_s": GRAPHS.get("capture_seconds"), "widths": GRAPHS.get("widths"),
                       "profile": clock.profile_summary()}))
 
 
@@ -446,6 +454,17 @@ def main() -> None:
             ratios[f"bf16_{key}_vs_hf_grouped_bf16"] = med["finetune_bf16"][key] / med["hf_grouped_bf16"][key]
         print(f"finetune_bf16 vs hf_grouped_bf16: {ratios['bf16_sent_per_s_vs_hf_grouped_bf16']:.2f}x sent/s, "
               f"{ratios['bf16_ms_per_step_vs_hf_grouped_bf16']:.2f}x ms/step", file=sys.stderr)
+    for r in ("finetune_graphs", "finetune_bf16"):
+        for peer in ("hf_grouped_bf16", "hf_compile_bf16", "finetune_bf16"):
+            if r in med and peer in med and r != peer and (r, peer) != ("finetune_bf16", "hf_grouped_bf16"):
+                for key in ("sent_per_s", "ms_per_step"):
+                    ratios[f"{r}_{key}_vs_{peer}"] = med[r][key] / med[peer][key]
+                print(f"{r} vs {peer}: {ratios[f'{r}_sent_per_s_vs_{peer}']:.2f}x sent/s, "
+                      f"{ratios[f'{r}_ms_per_step_vs_{peer}']:.2f}x ms/step", file=sys.stderr)
+    for r, rs in results.items():
+        if rs and rs[0].get("capture_s") is not None:
+            print(f"{r}: widths {rs[0]['widths']}, capture {spread([x['capture_s'] for x in rs], '{:.2f}')} s",
+                  file=sys.stderr)
     if a.json:
         print(json.dumps({"source": source, "n": n, "proxy": a.proxy, "ft_overrides": a.ft, "results": results,
                           "medians": med, "ratios": ratios, "profiles": profiles}))

@@ -144,6 +144,7 @@ class ObjectiveConfig:
 
 LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "polynomial")
 OPTIMIZERS = ("adamw_fused", "adamw", "sgd", "adafactor")
+CUDA_GRAPHS = ("off", "auto", "on")
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,10 @@ class TrainConfig:
                                   "from it and best/ is chosen with it; single-label classification; costs one "
                                   "forward pass over the training set per evaluation")
     compile: bool = field_spec(False, help="torch.compile the encoder; batch widths are rounded up to multiples of 16")
+    cuda_graphs: str = field_spec("off", choices=CUDA_GRAPHS, help="capture the training step as a CUDA graph per "
+                                  "batch width (batches padded up to multiples of 32, at most model.max_length) and "
+                                  "replay it: one process on a GPU, an objective that can be captured; auto: where it "
+                                  "can (one line says why not elsewhere); on: refuse where it cannot; off: eager steps")
     report_to: list[str] = field_spec(default_factory=list, help="experiment trackers fed through accelerate: "
                               "tensorboard, mlflow, trackio, wandb (default: none; metrics.jsonl always)")
 
@@ -264,7 +269,8 @@ class Recipe(_Plain):
 
 
 # (section, key, default) of the keys added since the first runs and ledger cells were made
-ADDED_KEYS = (("data", "label_descriptions", None), ("data", "eval_fraction", None), ("model", "truncation", "head"))
+ADDED_KEYS = (("data", "label_descriptions", None), ("data", "eval_fraction", None), ("model", "truncation", "head"),
+              ("train", "cuda_graphs", "off"))
 
 
 def _stem(source: str, default: str) -> str:
@@ -426,6 +432,20 @@ def coerce(value: Any, tp: Any, where: str, src: str) -> Any:
     return value
 
 
+_YAML_WORDS = (("on", "off"), ("yes", "no"))
+
+
+def _yaml_word(value: Any, meta: Mapping[str, Any]) -> Any:
+    """``on``/``off`` and ``yes``/``no`` as written: YAML 1.1 reads them as booleans, and a key whose
+    choices are those words (``train.cuda_graphs``, ``data.header``) means the word."""
+    choices = meta.get("choices") or ()
+    if isinstance(value, bool):
+        for yes, no in _YAML_WORDS:
+            if yes in choices and no in choices:
+                return yes if value else no
+    return value
+
+
 def _check_range(value: Any, meta: Mapping[str, Any], where: str, src: str) -> None:
     if value is None:
         return
@@ -456,7 +476,7 @@ def build_section(cls: type, data: Any, prefix: str, src: str) -> Any:
         if key not in fields:
             raise RecipeError(f"unknown key `{where}` in {src}" + closest(
                 f"{prefix}.{key}" if prefix else str(key), [f"{prefix}.{k}" if prefix else k for k in fields]))
-        value = coerce(value, hints[key], where, src)
+        value = coerce(_yaml_word(value, fields[key].metadata), hints[key], where, src)
         _check_range(value, fields[key].metadata, where, src)
         kwargs[key] = value
     if cls is OutputConfig:

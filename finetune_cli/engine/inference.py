@@ -25,6 +25,7 @@ from finetune_cli.data.sampling import sorted_batches
 from finetune_cli.data.sources import Table
 from finetune_cli.engine.device import autocast_dtype, resolve_device, resolve_precision
 from finetune_cli.errors import DeviceError, TrainingError
+from finetune_cli.models.exporters import exported_as
 from finetune_cli.models.loading import (
     check_max_length,
     default_max_length,
@@ -34,7 +35,6 @@ from finetune_cli.models.loading import (
     position_limit,
 )
 from finetune_cli.models.lora import lora_config, merge_lora
-from finetune_cli.models.onnx import is_onnx_folder, load_onnx_folder
 from finetune_cli.models.text_model import HeadSpec
 
 _SHARD: ContextVar[Optional[Any]] = ContextVar("finetune_inference_shard", default=None)
@@ -238,11 +238,13 @@ def open_session(model_name: str, *, device: str = "auto", precision: str = "aut
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
     st = None
-    if Path(model_name).is_dir() and is_onnx_folder(model_name):  # an exported graph, run in onnxruntime
+    exported = exported_as(model_name)
+    if exported is not None:  # an exported graph (ONNX), run in its own runtime (onnxruntime)
         if precision not in ("auto", "fp32"):
-            raise DeviceError(f"--precision {precision}: an ONNX folder runs in the precision it was exported in (fp32)")
+            raise DeviceError(f"--precision {precision}: an {exported.name.upper()} folder runs in the precision "
+                              "it was exported in (fp32)")
         dev = torch.device("cpu") if device == "auto" else dev  # onnxruntime's CUDA provider: --device cuda
-        model, tokenizer, path, st = load_onnx_folder(model_name, dev, embedding)
+        model, tokenizer, path, st = exported.load(model_name, dev, embedding)
         prec = "fp32"
     elif embedding:
         model, tokenizer, path, st = load_embedding_model(model_name)

@@ -18,11 +18,14 @@ from finetune_cli.ui import launched_world_size
 
 # ---- device -----------------------------------------------------------------------------------
 
-def make_accelerator(dev: torch.device, precision: str, **tracking_kwargs):
+def make_accelerator(dev: torch.device, precision: str, graphs: bool = False, **tracking_kwargs):
     """``dev``: the resolved device (``Processes.device``). ``precision``: auto (bf16 on a GPU that
-    has it) | fp32 | bf16 | fp16 (fp16 uses a gradient scaler; GPU only). ``tracking_kwargs``:
-    ``log_with`` and ``project_dir`` for experiment trackers (see ``engine.tracking``)."""
+    has it) | fp32 | bf16 | fp16 (fp16 uses a gradient scaler; GPU only). ``graphs``: the step is
+    captured as CUDA graphs, so autocast keeps no cache of cast weights (a cache filled during a
+    capture would hold the capture's tensors). ``tracking_kwargs``: ``log_with`` and
+    ``project_dir`` for experiment trackers (see ``engine.tracking``)."""
     from accelerate import Accelerator
+    from accelerate.utils import AutocastKwargs
 
     if dev.type == "cuda" and dev.index is not None and launched_world_size() == 1:
         torch.cuda.set_device(dev)
@@ -37,7 +40,8 @@ def make_accelerator(dev: torch.device, precision: str, **tracking_kwargs):
         AcceleratorState._reset_state(reset_partial_state=True)
     prec = resolve_precision(precision, dev, "train.precision", TrainingError)
     mp = "no" if prec == "fp32" else prec  # accelerate's name for no mixed precision
-    return Accelerator(cpu=use_cpu, mixed_precision=mp, **tracking_kwargs)
+    handlers = [AutocastKwargs(cache_enabled=False)] if graphs else []
+    return Accelerator(cpu=use_cpu, mixed_precision=mp, kwargs_handlers=handlers, **tracking_kwargs)
 
 
 ENCODER_PREFIX = "encoder."
@@ -82,9 +86,17 @@ def _param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict[str, An
     return out
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
-    """``train.optimizer`` over the parameter groups of :func:`_param_groups`, at ``train.lr``."""
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device,
+                    graphs: bool = False) -> torch.optim.Optimizer:
+    """``train.optimizer`` over the parameter groups of :func:`_param_groups`, at ``train.lr``.
+    ``graphs``: AdamW for a captured step: fused, capturable, each group's learning rate a tensor on
+    ``device`` that the scheduler writes in place (float64 where the kernel takes it, so the schedule
+    is the float one to the bit; float32 on CUDA, the dtype its fused kernel reads)."""
     groups = _param_groups(model, cfg)
+    if graphs:
+        for g in groups:
+            g["lr"] = tensor_lr(g["lr"], device)
+        return torch.optim.AdamW(groups, lr=groups[0]["lr"], fused=True, capturable=True)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr)
     if cfg.optimizer == "adafactor":
@@ -94,8 +106,14 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str) 
         return Adafactor(groups, lr=cfg.lr, scale_parameter=False, relative_step=False, warmup_init=False)
     # Fused AdamW (CPU and CUDA): one kernel for the whole update instead of a few per tensor;
     # on the CPU it is several times faster than the per-tensor loop.
-    fused = device_type in ("cpu", "cuda") if cfg.optimizer == "adamw_fused" else False
+    fused = device.type in ("cpu", "cuda") if cfg.optimizer == "adamw_fused" else False
     return torch.optim.AdamW(groups, lr=cfg.lr, fused=fused or None)
+
+
+def tensor_lr(lr: float | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A learning rate as the tensor a captured AdamW step reads (see :func:`build_optimizer`)."""
+    dtype = torch.float32 if device.type == "cuda" else torch.float64
+    return lr.to(device, dtype) if isinstance(lr, torch.Tensor) else torch.tensor(lr, dtype=dtype, device=device)
 
 
 def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):

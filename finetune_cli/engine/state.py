@@ -53,6 +53,7 @@ class TrainResult:
     gpu_mem_peak_gb: Optional[float] = None  # CUDA only
     num_processes: int = 1
     trainable_params: int = 0  # parameters the optimizer updates (LoRA: the adapters and the head)
+    cuda_graphs: Optional[dict] = None  # the graph path's widths and capture time (engine.step.GraphedStep)
 
 
 class Interrupted(Exception):

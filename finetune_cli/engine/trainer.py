@@ -24,7 +24,6 @@ same step; evaluation is split over the ranks.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import time
@@ -54,9 +53,9 @@ from finetune_cli.engine.setup import (
     set_train_mode,
 )
 from finetune_cli.engine.state import Interrupted, TrainResult, TrainState
+from finetune_cli.engine.step import GRAPH_MULTIPLE, EagerStep, GraphedStep, use_graphs
 from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, clean_stale_temps
-from finetune_cli.objectives._dist import LEFT_OUT
 from finetune_cli.recipe import Recipe
 from finetune_cli.rundir import BEST_METRICS, RunDir
 
@@ -118,18 +117,25 @@ class Trainer:
         self.save_model_fn, self.evaluate_fn = save_model, evaluate
         self.sampler, self.callbacks = sampler, list(callbacks)
         self.procs = procs
-        self.acc = make_accelerator(self.procs.device, cfg.precision,
+        self.graphs = use_graphs(cfg, procs.device, procs.world, objective, ui.log)
+        self.acc = make_accelerator(self.procs.device, cfg.precision, self.graphs,
                                     **tracking.accelerator_kwargs(cfg.report_to, run.path))
         self.device_name = device_info.describe(self.acc.device)
         self.rank, self.world = self.procs.rank, self.procs.world
         self.steps_per_epoch, self.total_steps = self._count_steps()
         self.trainable = check_trainable(model, cfg, evaluated=evaluate is not None, log=ui.log)
-        opt = build_optimizer(model, cfg, self.acc.device.type)
+        opt = build_optimizer(model, cfg, self.acc.device, graphs=self.graphs)
         self.pad_multiple, self.max_width = prepare_model(model, cfg, int(train_data.lengths.max()))
+        if self.graphs:  # a handful of widths, a handful of graphs
+            self.pad_multiple, self.max_width = GRAPH_MULTIPLE, recipe.model.max_length
         self.scheduler = build_scheduler(opt, cfg, self.total_steps)
         self.objective = objective.to(self.acc.device)
         self.frozen = self._freeze_unused(model)
         self.model, self.optimizer = self.acc.prepare(model, opt)
+        self.stepper = (GraphedStep(self.acc, self.model, self.objective, self.optimizer, self.scheduler, cfg.max_grad_norm,
+                                    capture=self.acc.device.type == "cuda") if self.graphs else
+                        EagerStep(self.acc, self.model, self.objective, self.optimizer, self.scheduler, cfg.max_grad_norm,
+                                  self.world))
         self.metric_greater = cfg.greater_is_better if cfg.greater_is_better is not None else (
             "loss" not in cfg.metric)
         self.state = TrainState()
@@ -237,10 +243,15 @@ class Trainer:
             with atomic_dir(self.run.best) as tmp:
                 self.save_model_fn(self.unwrapped(), tmp)
                 atomic_write_json(tmp / BEST_METRICS, {"step": st.step, **metrics})
-        self._log_metrics({"step": st.step, "epoch": st.epoch, **{f"eval/{k}": v for k, v in metrics.items()}})
+        self._log_metrics({"step": st.step, "epoch": self._epoch_at(), **{f"eval/{k}": v for k, v in metrics.items()}})
         shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
         progress.log(f"eval @ step {st.step}: {shown}{'  (best)' if better else ''}")
         return metrics
+
+    def _epoch_at(self) -> float:
+        """Where the run stands, in epochs (fractional, as the training records say)."""
+        st = self.state
+        return round(st.epoch + st.batch_in_epoch / len(self._epoch_batches(st.epoch)), 4)
 
     def _evaluate_step(self, progress) -> None:
         """Evaluate at this step; if interrupted, leave the state as it was before the evaluation
@@ -381,7 +392,7 @@ class Trainer:
             t0 = time.perf_counter()
             micro = batches[i:i + cfg.grad_accum]
             n_weighted = _weighted(micro)
-            n_samples, keys, parts = self._step(stream, micro, n_weighted)
+            n_samples, keys, parts = self.stepper(stream, micro, n_weighted)
             i += len(micro)
             st.step += 1
             st.epoch, st.batch_in_epoch = epoch, i
@@ -404,39 +415,6 @@ class Trainer:
             st.epoch, st.batch_in_epoch = epoch, 0
         return epoch
 
-    def _step(self, stream: Iterator[Any], micro: list[list[int]], n_real: int,
-              ) -> tuple[int, tuple[str, ...], torch.Tensor]:
-        """One optimizer step over the micro-batches ``micro`` (gradient accumulation; the gradients
-        are synchronised on the last one only; each loss divided by ``n_real``, the :func:`_weighted`
-        count of ``micro``), with clipping and the scheduler's step. Returns the
-        examples trained on, the names of the loss parts and their sums over the micro-batches,
-        left on the device: no host sync per step keeps the GPU fed."""
-        parts_sum: dict[str, torch.Tensor] = {}
-        n_samples = 0
-        for j, idx in enumerate(micro):
-            batch = to_device(next(stream), self.acc.device)
-            sync = j == len(micro) - 1
-            ctx = self.acc.no_sync(self.model) if not sync and self.world > 1 else contextlib.nullcontext()
-            pad = isinstance(idx, Padding)  # zero weight, and out of the batch gathered across processes
-            if pad:
-                batch[LEFT_OUT] = True
-            with ctx, self.acc.autocast():
-                out = self.objective(self.model, batch)
-            self.acc.backward(out["loss"] * 0.0 if pad else out["loss"] / n_real)
-            for k in ("loss", *self.objective.parts):
-                if k in out:
-                    v = out[k].detach().float() * 0.0 if pad else out[k].detach().float()
-                    parts_sum[k] = parts_sum[k] + v if k in parts_sum else v
-            n_samples += 0 if pad else len(idx)
-        keys = tuple(parts_sum)
-        parts = torch.stack([parts_sum[k] for k in keys])
-        if self.cfg.max_grad_norm is not None:
-            self.acc.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return n_samples, keys, parts
-
     def _log_line(self, loop: _Loop, progress, epoch_at: float) -> None:
         """At a log step (``train.log_every``, and the last step): the window's averages into
         ``metrics.jsonl`` and a progress line, then a new window. Otherwise only the bar moves."""
@@ -450,7 +428,7 @@ class Trainer:
         st.train_seconds += wait
         loop.window_time += wait
         el = loop.window_time  # training time only: evaluation and saving excluded
-        rec = {"step": st.step, "epoch": epoch_at, "lr": self.scheduler.get_last_lr()[0],
+        rec = {"step": st.step, "epoch": epoch_at, "lr": float(self.scheduler.get_last_lr()[0]),
                **{k: v / st.log_window_steps for k, v in st.log_window.items()},
                "samples_per_s": loop.window_samples / el if el > 0 else None}
         mem = device_info.memory(self.acc.device)
@@ -496,4 +474,5 @@ class Trainer:
         mem = device_info.memory(self.acc.device)
         return TrainResult(st, self.total_steps, str(self.acc.device), self.acc.mixed_precision, sps,
                            device_name=self.device_name, gpu_mem_peak_gb=mem["gpu_mem_peak_gb"] if mem else None,
-                           num_processes=self.world, trainable_params=self.trainable)
+                           num_processes=self.world, trainable_params=self.trainable,
+                           cuda_graphs=self.stepper.summary() if isinstance(self.stepper, GraphedStep) else None)

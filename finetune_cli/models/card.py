@@ -295,7 +295,7 @@ def write_model_card(out: Path, model, info: dict[str, Any]) -> None:
     (Path(out) / "README.md").write_text(render_model_card(Path(out), model, info), encoding="utf-8")
 
 
-def export_card(text: str, out: Path, model, fmt: str, merged: bool) -> str:
+def export_card(text: str, out: Path, model, exp, merged: bool) -> str:
     """The source folder's card, for what ``finetune export`` made of it: named after the new folder,
     its metadata (library, tags) and "Use it" section for a merged folder or an ONNX graph, a line
     saying what the folder is; the training record (data, log, evaluation) stays as it was."""
@@ -303,22 +303,12 @@ def export_card(text: str, out: Path, model, fmt: str, merged: bool) -> str:
 
     card = ModelCard(rename_card(text, card_name(out)))
     data, kind, name = card.data, _kind(model), card_name(out)
-    tags = [t for t in (data.tags or []) if not (merged and t in ("peft", "lora"))]
-    if fmt == "onnx":
-        tags += ["onnx"]
-        data.library_name = "sentence-transformers" if kind == "embedding" else "onnx"
-        what = ("This folder is the ONNX export (`model.onnx`, opset 18, fp32; LoRA adapters folded in) of the "
-                "model below, written by `finetune export --format onnx`; the training record is the source's.")
-    else:
-        data.library_name = "sentence-transformers" if kind == "embedding" else "transformers"
-        what = ("This folder is the model below with its LoRA adapters merged into the weights "
-                "(`finetune export --merge`): a plain folder, no peft needed; the training record is the source's.")
-    data.tags = tags
+    data.tags = [t for t in (data.tags or []) if not (merged and t in exp.drop_tags)] + list(exp.tags)
+    data.library_name, what = exp.library(kind), exp.what
     body = card.text
     body = re.sub(r"This folder is a LoRA adapter \(peft\).*?\n\n", "", body, flags=re.S)
     body = re.sub(r"^(# .+\n\n)", lambda m: m.group(1) + what + "\n\n", body, count=1, flags=re.M)
-    use = _onnx_snippet(kind, name) if fmt == "onnx" else _snippet(
-        kind, name, model.spec.problem_type, model.spec.normalize, _is_pair_card(body))
+    use = exp.snippet(kind, name, model, body)
     body = re.sub(r"## Use it\n\n.*?(?=## Framework versions)", lambda m: f"## Use it\n\n{use}\n", body, flags=re.S)
     return f"---\n{data.to_yaml()}\n---\n\n{body.lstrip()}"
 

@@ -26,6 +26,9 @@ The data contract is declared as class attributes, read by the pipelines and the
   beside the batch: the pipeline tokenises them and hands them to the model
   (``TextModel.set_label_texts``); only such objectives train a ``model.head: labels``
 * ``parts``: names of the loss components returned besides ``loss``
+* ``capturable``: its loss reads no value on the host and makes no shape from data, so a training
+  step with it can be captured as a CUDA graph (``train.cuda_graphs``); an instance whose settings
+  break that says why in :meth:`Objective.capture_refusal`
 * ``evaluation``: how the pipeline evaluates during training, a key of
   ``pipelines.common.EVALUATORS`` (``"classifier"``: the head's logits on labelled data;
   ``"similarity"``: Spearman of embedding cosines against gold pair scores)
@@ -55,6 +58,8 @@ class Objective(nn.Module):
     sampler: ClassVar[str] = "length_grouped"
     encoding: ClassVar[str] = "joint"
     label_texts: ClassVar[bool] = False
+    capturable: ClassVar[bool] = False
+    not_capturable: ClassVar[str] = "its loss reads values on the host or makes shapes from data"
     parts: ClassVar[tuple[str, ...]] = ()
     evaluation: ClassVar[str] = "classifier"
 
@@ -62,6 +67,11 @@ class Objective(nn.Module):
         """Called once with the training labels (as encoded) and the label count before training,
         for hyper-parameters that depend on the data (``ce``'s ``class_weights: balanced``); a bad
         combination is a :class:`~finetune_cli.errors.RecipeError` here, before any step runs."""
+
+    def capture_refusal(self) -> Optional[str]:
+        """Why a training step with this objective, as configured, cannot be captured as a CUDA graph
+        (None: it can). The class's ``capturable``; objectives whose settings matter override it."""
+        return None if self.capturable else f"objective `{self.name}`: {self.not_capturable}"
 
     def forward(self, model: nn.Module, batch: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover
         raise NotImplementedError

@@ -55,6 +55,7 @@ class CrossEntropy(Objective):
     γ=0 and no α equals it exactly.
     """
 
+    capturable = True
     parts = ("ce",)
     problem_types = ("single_label_classification", "regression", "multi_label_classification")
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from finetune_cli.objectives._dist import gather_no_grad, gather_with_grad, is_left_out, own_rows
 from finetune_cli.objectives.base import Objective, check_range
 from finetune_cli.objectives.registry import register
-from finetune_cli.objectives.scl import contrastive_log_probs
+from finetune_cli.objectives.scl import contrastive_log_probs, masked_mean
 
 MIXED_POSITIVES = ("dominant", "exact")
 
@@ -34,14 +34,12 @@ def focal_contrastive_loss(z: torch.Tensor, labels: torch.Tensor, tau: float, ga
     sim, log_prob, pos = contrastive_log_probs(z, labels, tau)
     n_pos = pos.sum(1)
     has_pos = n_pos > 0
-    if not bool(has_pos.any()):
-        return sim.sum() * 0.0
     # p_ii is not a probability of the softmax over k != i; mask before the power so that no
     # (1 - p)^γ of a masked entry can be NaN (p can exceed 1 only on the diagonal).
     lp = log_prob.masked_fill(~pos, 0.0)
     weight = (1.0 - lp.exp()).clamp(min=0.0).pow(gamma) if gamma != 0 else torch.ones_like(lp)
     per_anchor = -(weight * lp).sum(1) / n_pos.clamp(min=1)
-    return per_anchor[has_pos].mean()
+    return masked_mean(per_anchor, has_pos)
 
 
 def hard_pair_indices(f: torch.Tensor, labels: torch.Tensor, anchors: torch.Tensor,
@@ -174,6 +172,7 @@ class CoreTuning(Objective):
     L_con larger by about 3B/|P_i| than the reference's — another reason to keep η = 0.1.
     """
 
+    capturable = True
     sampler = "class_balanced"
     needs_projection = True
     parts = ("ce", "con")

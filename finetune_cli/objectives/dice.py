@@ -60,6 +60,7 @@ class DiceLoss(Objective):
     Relations: ``focal`` is the other imbalance-aware objective; both replace ``ce``.
     """
 
+    capturable = True
     parts = ("dice",)
 
     def __init__(self, alpha: float = 0.01, gamma: float = 1.0):

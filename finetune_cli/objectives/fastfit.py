@@ -143,6 +143,7 @@ class FastFit(Objective):
     process's batch, as in the reference (no gathering across processes).
     """
 
+    not_capturable = "it selects the text rows of its batch with a boolean mask (a shape read on the host)"
     sampler = "class_balanced"
     label_texts = True
     parts = ("ce", "sim")

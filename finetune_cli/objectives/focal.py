@@ -59,6 +59,7 @@ class FocalLoss(Objective):
     objective.
     """
 
+    capturable = True
     parts = ("focal",)
 
     def __init__(self, gamma: float = 2.0, alpha: Optional[Union[float, list[float]]] = None):

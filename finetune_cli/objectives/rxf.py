@@ -90,6 +90,7 @@ class R3F(Objective):
     ``ce``. Costs one extra forward and backward per step.
     """
 
+    capturable = True
     parts = ("ce", "sym_kl")
 
     def __init__(self, eps: float = 1e-5, lam: float = 1.0, noise: str = "uniform"):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +45,8 @@ def supervised_contrastive_loss(z: torch.Tensor, labels: torch.Tensor, tau: floa
 
     ``A`` is the set of anchors with at least one positive (``N_{y_i} >= 2``); anchors without one
     contribute nothing. With no such anchor at all the loss is an exact zero that still belongs to
-    the graph (its gradient is zero, never NaN).
+    the graph (its gradient is zero, never NaN). No value is read on the host and no shape depends
+    on the labels (a masked mean, not a selection), so a step with it can be captured.
 
     Args:
         z: ``(N, d)`` embeddings; the caller normalises them (the function does not, so it can be
@@ -59,9 +60,13 @@ def supervised_contrastive_loss(z: torch.Tensor, labels: torch.Tensor, tau: floa
     # masked_fill rather than multiply: the diagonal of log_prob is finite here but a 0·(-inf)
     # would be NaN if it were not.
     per_anchor = -log_prob.masked_fill(~pos, 0.0).sum(1) / n_pos.clamp(min=1)
-    if not bool(has_pos.any()):
-        return sim.sum() * 0.0
-    return per_anchor[has_pos].mean()
+    return masked_mean(per_anchor, has_pos)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of ``values`` where ``mask`` holds; an exact zero (in the graph) where it holds
+    nowhere. Computed without reading the mask on the host."""
+    return values.masked_fill(~mask, 0.0).sum() / mask.sum().clamp(min=1)
 
 
 @register("scl")
@@ -115,6 +120,7 @@ class SupervisedContrastive(Objective):
 
     sampler = "class_balanced"
     parts = ("ce", "scl")
+    capturable = True
 
     def __init__(self, tau: float = 0.3, lam: float = 0.9, views: int = 1, crop: float = 1.0):
         super().__init__()
@@ -123,6 +129,11 @@ class SupervisedContrastive(Objective):
         check_range("views", views, ge=1, le=8)
         check_range("crop", crop, gt=0.0, le=1.0)
         self.tau, self.lam, self.views, self.crop = tau, lam, views, crop
+
+    def capture_refusal(self) -> Optional[str]:
+        if self.crop < 1.0:  # each copy keeps a random span: its width comes from the draw
+            return f"objective `scl` with crop={self.crop} cuts rows at random lengths (a shape from data)"
+        return None
 
     def forward(self, model, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         f, labels = batch["features"][0], batch["labels"]

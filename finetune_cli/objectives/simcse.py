@@ -98,6 +98,7 @@ class SimCSEUnsup(Objective):
     equals sentence-transformers' ``MultipleNegativesRankingLoss`` on (s, s) pairs with scale 1/τ.
     """
 
+    capturable = True
     required_columns = ("text",)
     label_type = None
     min_classes = 1
@@ -150,6 +151,7 @@ class SimCSESup(Objective):
     ``MultipleNegativesRankingLoss`` on (anchor, positive, negative) triplets.
     """
 
+    capturable = True
     required_columns = ("text", "text_pair", "hard_neg")
     label_type = None
     min_classes = 1

@@ -13,7 +13,6 @@ then written aside and renamed into place (an interrupted export leaves it empty
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +22,9 @@ from finetune_cli.engine.inference import open_session
 from finetune_cli.errors import ModelError, OutputError, RunDirError
 from finetune_cli.fsutil import atomic_dir, check_apart, check_writable_dir, public_files
 from finetune_cli.inputs import model_inputs
-from finetune_cli.models.loading import HEAD_SPEC, default_max_length, has_classifier, save_text_model
+from finetune_cli.models.exporters import exported_as, exporter
+from finetune_cli.models.loading import has_classifier
 from finetune_cli.models.lora import is_adapter_folder
-from finetune_cli.models.onnx import copy_folder_files, export_onnx, is_onnx_folder, require_onnx
-
-FORMATS = ("transformers", "onnx")
 
 
 @dataclass
@@ -60,20 +57,17 @@ def _source_folder(model_name: str) -> Optional[Path]:
     """The local model folder ``model_name`` stands for (None: a hub id); an ONNX folder is refused."""
     inputs = dict(model_inputs(model_name))
     folder = inputs.get("model folder")
-    if folder is not None and is_onnx_folder(folder):
-        raise ModelError(f"{folder} is an ONNX folder already (model.onnx); export the model folder it was "
+    done = exported_as(folder) if folder is not None else None
+    if done is not None:
+        raise ModelError(f"{folder} is an {done.name.upper()} folder already; export the model folder it was "
                          f"exported from")
     return folder
 
 
 def run_export(model_name: str, output: str, ui, *, fmt: str = "transformers", merge: bool = False,
                overwrite: bool = False) -> ExportResult:
-    if fmt not in FORMATS:
-        raise ModelError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
-    if fmt == "onnx":
-        require_onnx("--format onnx", exporter=True)  # before the model loads
-    elif not merge:
-        raise ModelError("--format transformers writes a merged LoRA adapter: pass --merge (or --format onnx)")
+    exp = exporter(fmt)
+    exp.check(merge)  # before the model loads
     out = _check_output(model_name, output, overwrite)
     folder = _source_folder(model_name)
     t0 = time.perf_counter()
@@ -85,28 +79,14 @@ def run_export(model_name: str, output: str, ui, *, fmt: str = "transformers", m
     if merge and not adapter:
         raise ModelError(f"--merge: {sess.path} is not a LoRA adapter folder (no adapter_config.json); "
                          f"it is a plain model folder already")
-    model = sess.model
-    outputs = ["logits", "embeddings"] if model.has_classifier else ["embeddings"]
     with atomic_dir(out) as tmp:
-        if fmt == "onnx":
-            copy_folder_files(Path(sess.path), tmp)
-            if not (tmp / "config.json").is_file():  # an embedding adapter's config is its base's
-                model.config.save_pretrained(tmp)
-            sample = sess.encode_texts(["An example sentence to trace.", "Another one, a little longer."])
-            from finetune_cli.data.encode import collate
-
-            outputs = export_onnx(model, collate(sample, [0, 1], sess.pad_id)["features"][0], tmp)
-        else:
-            meta = json.loads((Path(sess.path) / HEAD_SPEC).read_text()) if (Path(sess.path) / HEAD_SPEC).is_file() else {}
-            save_text_model(model, sess.tokenizer, tmp, id2label=getattr(model.config, "id2label", None),
-                            extra=meta, max_length=default_max_length(sess.path, sess.tokenizer),
-                            normalize_embeddings=bool(sess.st is not None and sess.st.normalize))
+        outputs = exp.write(sess, tmp)
         card = Path(sess.path) / "README.md"
         if card.is_file():  # the card goes along, updated for what the folder now is (push needs one)
             from finetune_cli.models.card import export_card
 
-            (tmp / "README.md").write_text(export_card(card.read_text(encoding="utf-8"), out, model, fmt, adapter),
-                                           encoding="utf-8")
+            (tmp / "README.md").write_text(export_card(card.read_text(encoding="utf-8"), out, sess.model, exp,
+                                                       adapter), encoding="utf-8")
         public_files(tmp)  # (safetensors writes its files private)
     secs = time.perf_counter() - t0
     ui.log(f"{sess.path} -> {out} ({fmt}{', adapters merged' if adapter else ''}, {secs:.1f}s)")

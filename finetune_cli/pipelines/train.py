@@ -192,6 +192,6 @@ def _summary(plan: Plan, run: RunDir, data: TaskData, result, evaluated: bool) -
         "precision": result.precision, "metric": recipe.train.metric if evaluated else None,
         "best_metric": st.best_metric, "best_step": st.best_step, "final_eval": st.last_eval,
         "stopped_early": st.stopped_early, "labels": data.label_names, "seed": recipe.train.seed,
-        "num_processes": result.num_processes,
+        "num_processes": result.num_processes, "cuda_graphs": result.cuda_graphs,
     }
 

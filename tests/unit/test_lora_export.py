@@ -259,3 +259,22 @@ def test_onnx_export_of_a_pooled_head_classifier_keeps_the_head(tiny_recipe, tmp
     assert len(rows["onnx"]) == 40
     for a, b in zip(rows["torch"], rows["onnx"], strict=True):
         assert a["pred_label"] == b["pred_label"] and abs(a["prob_positive"] - b["prob_positive"]) < 1e-4
+
+
+def test_exporters_are_a_table():
+    """A format is one entry of ``models/exporters.EXPORTERS``: the command, the card and loading read
+    the table, and no module outside it names a format's files or branches on a format's name."""
+    import re
+    from pathlib import Path
+
+    from finetune_cli.models.exporters import EXPORTERS, exported_as, exporter
+
+    assert set(EXPORTERS) == {"transformers", "onnx"}
+    pkg = Path(__file__).resolve().parents[2] / "finetune_cli"
+    branching = re.compile(r"""(fmt|format)\s*==\s*["'](onnx|transformers)["']""")
+    bad = [f"{p.relative_to(pkg)}:{i}" for p in sorted(pkg.rglob("*.py")) for i, ln in
+           enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if branching.search(ln)]
+    assert bad == []
+    with pytest.raises(Exception, match="choose one of transformers, onnx"):
+        exporter("tflite")
+    assert exported_as(Path(__file__).parent) is None

@@ -80,3 +80,22 @@ def test_saved_weights_are_as_readable_as_the_folder_and_a_refused_start_leaves_
             assert res.exit_code != 0 and not (tmp_path / "runs" / "refused").exists(), res.output
     finally:
         os.umask(old)
+
+
+def test_evaluation_records_carry_the_fractional_epoch(tiny_recipe):
+    """An evaluation record's ``epoch`` is where the run stands, as its step's training record says
+    (an integer epoch index made the card show "—" and TensorBoard's epoch axis drop to 0)."""
+    import json
+
+    from finetune_cli.pipelines.recipes import load_plan
+    from finetune_cli.pipelines.train import run_train
+    from finetune_cli.ui import UI
+
+    out = run_train(load_plan(None, tiny_recipe("train.eval_every=3", "train.log_every=1", "train.epochs=2")),
+                    UI(quiet=True), device="cpu")
+    recs = [json.loads(x) for x in (out.run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = {r["step"]: r["epoch"] for r in recs if "loss" in r}
+    evals = [r for r in recs if "eval/accuracy" in r]
+    assert [e["step"] for e in evals] == [3, 6, 9, 12, 15, 16]
+    assert all(e["epoch"] == train[e["step"]] for e in evals), (evals, train)
+    assert evals[0]["epoch"] == 0.375 and evals[-1]["epoch"] == 2.0

@@ -75,7 +75,7 @@ def test_defaults_are_fused_adamw_with_linear_warmup_ratio():
     from finetune_cli.recipe import TrainConfig
 
     cfg = TrainConfig()
-    opt = build_optimizer(torch.nn.Linear(2, 2), cfg, "cpu")
+    opt = build_optimizer(torch.nn.Linear(2, 2), cfg, torch.device("cpu"))
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"] is True
     sched = build_scheduler(opt, cfg, 100)
     lrs = []
