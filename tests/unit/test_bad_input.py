@@ -396,6 +396,12 @@ CASES = [
     # ---- predict ------------------------------------------------------------------------------
     C("predict-precision-fp16-cpu", [*PREDICT, "--precision", "fp16"], 2, "--precision fp16", "GPU",
       left=["{tmp}/p.csv"]),
+    C("predict-threshold-single-label", [*PREDICT, "--threshold", "0.3"], 2, "--threshold 0.3",
+      "single_label_classification", left=["{tmp}/p.csv"]),
+    C("predict-threshold-garbage", [*PREDICT, "--threshold", "high"], 2, "--threshold high", "between 0 and 1",
+      left=["{tmp}/p.csv"]),
+    C("eval-threshold-single-label", [*EVAL, "--threshold", "tuned"], 2, "--threshold tuned",
+      "single_label_classification"),
     C("predict-jsonl-line-3", [*PRED, "-i", "{line3_jsonl}", "-o", "{tmp}/p.csv"], 2, "line3.jsonl", "line 3",
       left=["{tmp}/p.csv"]),
     C("predict-latin1", [*PRED, "-i", "{latin1_tsv}", "-o", "{tmp}/p.csv"], 2, "latin1.tsv", "byte", "row 3"),
