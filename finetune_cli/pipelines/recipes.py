@@ -145,6 +145,19 @@ def validate_recipe(recipe: R) -> R:
     return dataclasses.replace(recipe, objective=obj, train=train)
 
 
+def comparable(recipe: R) -> R:
+    """``recipe`` validated, as two runs are compared (is this folder's or checkpoint's run the one
+    asked for?): the objective's parameters with the constructor's defaults filled in, since a
+    parameter left out trains as its default. A stored recipe keeps its parameters as written
+    (``ce.yaml`` writes ``label_smoothing: 0.0``, a command line may leave it out), so without
+    this the same run was refused, naming a key neither side changed."""
+    recipe = validate_recipe(recipe)
+    cls = registry.get(recipe.objective.name)
+    defaults = {k: p.default for k, p in registry.hyperparameters(cls).items()}
+    return dataclasses.replace(recipe, objective=ObjectiveConfig(
+        name=recipe.objective.name, params={**defaults, **recipe.objective.params}))
+
+
 def _text_columns(cls: type[Objective]) -> tuple[str, ...]:
     cols = [c for c in cls.required_columns if c != "label"]
     if cls.encoding == "joint" and "text_pair" not in cols:
