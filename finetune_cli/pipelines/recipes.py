@@ -145,17 +145,10 @@ def validate_recipe(recipe: R) -> R:
     return dataclasses.replace(recipe, objective=obj, train=train)
 
 
-def comparable(recipe: R) -> R:
-    """``recipe`` validated, as two runs are compared (is this folder's or checkpoint's run the one
-    asked for?): the objective's parameters with the constructor's defaults filled in, since a
-    parameter left out trains as its default. A stored recipe keeps its parameters as written
-    (``ce.yaml`` writes ``label_smoothing: 0.0``, a command line may leave it out), so without
-    this the same run was refused, naming a key neither side changed."""
-    recipe = validate_recipe(recipe)
-    cls = registry.get(recipe.objective.name)
-    defaults = {k: p.default for k, p in registry.hyperparameters(cls).items()}
-    return dataclasses.replace(recipe, objective=ObjectiveConfig(
-        name=recipe.objective.name, params={**defaults, **recipe.objective.params}))
+def comparable(recipe: Recipe) -> Recipe:
+    """As two runs are compared: validated, every objective parameter given (its default if left out)."""
+    p = plan_for(recipe)  # (a stored recipe keeps its parameters as written: ce.yaml's label_smoothing: 0.0)
+    return dataclasses.replace(p.recipe, objective=ObjectiveConfig(p.objective_name, dict(p.params)))
 
 
 def _text_columns(cls: type[Objective]) -> tuple[str, ...]:
