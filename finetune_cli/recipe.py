@@ -78,7 +78,7 @@ class ModelConfig:
     reinit_layers: int = field_spec(0, ge=0, help="re-initialise the encoder's top k layers (and its pooler) before training, as Zhang et al. 2021 for few-sample BERT; 0 = keep every pre-trained layer")
     head_normalize: bool = field_spec(False, help="pooled head only: L2-normalise the pooled embedding before dropout -> linear (the unit-sphere features a contrastive term shapes and SetFit's head reads)")
     problem_type: str = field_spec("auto", choices=("auto", "single_label_classification", "regression", "multi_label_classification"), help="as transformers' config.problem_type; auto: multi-label when data.label_separator is set, regression for a regression GLUE task (glue:stsb), else single-label")
-    threshold: float = field_spec(0.5, gt=0.0, lt=1.0, help="multi-label: a label is predicted when its sigmoid probability >= threshold")
+    threshold: float = field_spec(0.5, gt=0.0, lt=1.0, help="multi-label: a label is predicted when its sigmoid probability >= threshold, in training's evaluations; eval and predict use the per-label thresholds tuned on the evaluation data instead (--threshold to choose)")
     truncation: str = field_spec("head", choices=TRUNCATION_RULES, help="which tokens a row longer than max_length "
                                  "keeps: head (the first), tail (the last), head_tail (the first quarter of the budget "
                                  "and the last three quarters, Sun et al. 2019); saved with the model for predict/eval")

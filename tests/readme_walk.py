@@ -10,6 +10,9 @@ Which commands run:
   Hugging Face hub is unreachable here and the tests never need a GPU); ``# needs: data`` (or any
   mention of ``../shared/data``) runs only when the shared data folder exists; ``# walk: skip
   (reason)`` skips with the reason given;
+- the same markers in an HTML comment on the line just before a fence (``<!-- walk: skip (reason)
+  -->``, ``<!-- needs: data -->``) apply to every command of that fence, and a reader of the
+  rendered page does not see them (the README uses this form);
 - ``make quickstart`` runs the commands of the Makefile's ``quickstart`` target (the venv is the one
   running the tests); ``make test`` and other test/lint targets are the suite itself and are skipped.
 
@@ -38,6 +41,7 @@ TRAIN_CAPS = ("train.max_steps=2", "train.eval_every=2", "data.max_eval_samples=
 PROBE_CAPS = ("train.max_steps=2",)
 PROBE_TASK_CAPS = ("data.max_train_samples=48", "data.max_eval_samples=32")
 _MARK = re.compile(r"(needs:\s*(hub|gpu|data)|walk:\s*skip\s*\(([^)]*)\))")
+_HIDDEN = re.compile(r"^\s*<!--(.*)-->\s*$")  # a line that is one HTML comment
 
 
 @dataclass
@@ -66,18 +70,25 @@ def readme_commands(text: str) -> list[Command]:
     out: list[Command] = []
     fence: Optional[str] = None
     pending: Optional[Command] = None
+    before = ""  # the line before the current one (outside a fence: maybe a hidden marker)
+    hidden = ""  # the hidden markers of the fence being read
     for n, raw in enumerate(text.splitlines(), 1):
         stripped = raw.strip()
         if stripped.startswith("```"):
-            fence = None if fence is not None else (stripped[3:].strip() or "plain")
+            opening = fence is None
+            fence = (stripped[3:].strip() or "plain") if opening else None
+            m = _HIDDEN.match(before) if opening else None
+            hidden = m.group(1) if m else ""
             pending = None
+            before = raw
             continue
+        before = raw
         if fence != "bash" or not stripped or (stripped.startswith("#") and pending is None):
             continue
         cmd = pending or Command(line=n, text="")
         body = _strip_comment(raw)
-        for m in _MARK.finditer(raw[len(body):]):  # markers live in the line's comment
-            if m.group(2):
+        for m in _MARK.finditer(raw[len(body):] + " " + hidden):  # in the line's comment, or the fence's
+            if m.group(2) and m.group(2) not in cmd.needs:
                 cmd.needs.append(m.group(2))
             else:
                 cmd.skip = m.group(3).strip() or "marked"

@@ -35,6 +35,11 @@ StrideOpt = Annotated[Optional[int], typer.Option(
     "--stride", min=0, help="Read a row longer than the length in overlapping windows sharing this many tokens "
                             "and average their logits per row, instead of cutting it (a classifier; single texts "
                             "only).")]
+ThresholdOpt = Annotated[Optional[str], typer.Option(
+    "--threshold", metavar="NUMBER|tuned",
+    help="Multi-label: a label is predicted when its probability is at least this; a number in (0, 1) for every "
+         "label, or `tuned` for the per-label thresholds the run tuned on its evaluation data. Default: the tuned "
+         "ones when the model has them, else its model.threshold.", show_default=False)]
 DataDirOpt = Annotated[Optional[str], typer.Option(
     "--data-dir", help="Local folder of GLUE-format task folders (SST-2/, RTE/ …) used instead of the hub "
                        "for glue:* datasets. Default: $FINETUNE_DATA_DIR.")]

@@ -28,8 +28,9 @@ def embed_cmd(
     input: Annotated[Optional[str], typer.Option(
         "--input", "-i", help="Sentences: a .txt file (one per line) or a csv/tsv/jsonl/parquet file.",
         show_default=False)] = None,
-    output: Annotated[str, typer.Option("--output", "-o", help="Output .npy (+ .ids.npy with row ids) or .parquet.",
-                                        show_default=False)] = ...,
+    output: Annotated[str, typer.Option(
+        "--output", "-o", help="Output .npy (+ .ids.npy with the row ids: 1 for the first data row, in every format) "
+                               "or .parquet.", show_default=False)] = ...,
     column: Annotated[Optional[str], typer.Option("--column", "-c", help="Column to embed (name or 0-based index; default: text).")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 64,
     max_length: Annotated[Optional[int], typer.Option("--max-length", min=1, help="Default: a sentence-transformers folder's max_seq_length, else the length the model was trained with, else 512.")] = None,

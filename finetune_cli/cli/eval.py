@@ -17,6 +17,7 @@ from finetune_cli.cli.common import (
     PrecisionOpt,
     QuietOpt,
     StrideOpt,
+    ThresholdOpt,
     View,
     command,
 )
@@ -40,6 +41,7 @@ def eval_cmd(
     no_figures: Annotated[bool, typer.Option("--no-figures", help="Skip the reliability and t-SNE PNGs.")] = False,
     tsne_max: Annotated[int, typer.Option("--tsne-max", min=4, help="Most points in the t-SNE picture.")] = 2000,
     stride: StrideOpt = None,
+    threshold: ThresholdOpt = None,
     expect: ExpectOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -54,13 +56,19 @@ def eval_cmd(
     from finetune_cli.pipelines.similarity import run_eval_similarity, wants_similarity
 
     if wants_similarity(model, plan):  # embedding model: STS metrics
+        if threshold is not None:
+            from finetune_cli.errors import DataError
+
+            raise DataError(f"--threshold {threshold}: {model} is an embedding model; the threshold decides the "
+                            f"labels of a multi_label_classification model only")
         sim = run_eval_similarity(model, plan, ui, device=device, precision=precision, data_dir=data_dir,
                                   batch_size=batch_size, stride=stride)
         return View(sim.to_dict(), lambda ui: ui.print(_metrics_table(sim)), gated=lambda: sim.metrics)
     # The run's own evaluation is eval.json (what `report` reads); other data gets its own file.
     name = "eval" if recipe is None or out is not None else f"eval-{Path(recipe).stem}"
     res = run_eval(model, plan, ui, device=device, precision=precision, data_dir=data_dir, batch_size=batch_size,
-                   bins=bins, figures=not no_figures, out=out, tsne_max=tsne_max, name=name, stride=stride)
+                   bins=bins, figures=not no_figures, out=out, tsne_max=tsne_max, name=name, stride=stride,
+                   threshold=threshold)
     gated = {**res.metrics, **{k: res.calibration[k] for k in CALIBRATION_METRICS
                                if res.calibration and res.calibration.get(k) is not None}}
     return View(res.to_dict(), lambda ui: _render(res, ui), gated=lambda: gated)

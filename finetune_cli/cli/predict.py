@@ -12,6 +12,7 @@ from finetune_cli.cli.common import (
     PrecisionOpt,
     QuietOpt,
     StrideOpt,
+    ThresholdOpt,
     View,
     command,
 )
@@ -34,6 +35,7 @@ def predict_cmd(
         "--truncation", help="head | tail | head_tail: which tokens a row longer than the length keeps (head_tail: "
                              "the first quarter and the last three quarters). Default: the model's training rule.")] = None,
     stride: StrideOpt = None,
+    threshold: ThresholdOpt = None,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
     json_out: JsonOpt = False,
@@ -44,7 +46,8 @@ def predict_cmd(
     from finetune_cli.pipelines.predict import run_predict
 
     res = run_predict(model, input, output, ui, column=column, pair_column=pair_column, batch_size=batch_size,
-                      max_length=max_length, device=device, precision=precision, truncation=truncation, stride=stride)
+                      max_length=max_length, device=device, precision=precision, truncation=truncation, stride=stride,
+                      threshold=threshold)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(res.predicted.items()))
     return View(res.to_dict(), lambda ui: ui.print(
         f"wrote {res.output} ({res.rows} rows, {res.problem_type})" + (f": {counts}" if counts else "")))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 import typer
@@ -15,13 +16,25 @@ from finetune_cli.ui import UI
 app = typer.Typer(cls=LiteralHelpGroup, help="List, show and validate recipes.", no_args_is_help=True)
 
 
-def _description(path) -> str:
-    for line in path.read_text().splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-        if line.strip():
+_SENTENCE_END = re.compile(r"[.!?](?=\s+[A-Z]|\s*$)")  # not "e.g. 20", "et al., NeurIPS"
+
+
+def description(header: str) -> str:
+    """A recipe's one-sentence description: the first sentence of its header comment, which may run
+    over several lines. The sentence ends at a ``.``, ``!`` or ``?`` followed by a capital letter or
+    the end of the text, or where the header's prose ends (an indented line: a command to run; a line that
+    is not a comment)."""
+    prose: list[str] = []
+    for line in header.splitlines():
+        if not line.startswith("#"):
             break
-    return ""
+        text = line[1:]
+        if text.startswith("  ") or not text.strip():  # "#   finetune train …": a usage line
+            break
+        prose.append(text.strip())
+    joined = " ".join(prose)
+    m = _SENTENCE_END.search(joined)
+    return joined[: m.end()] if m else joined
 
 
 @app.command("list", cls=LiteralHelpCommand)
@@ -32,7 +45,7 @@ def list_cmd(json_out: JsonOpt = False) -> View:
     for p in sorted(PACKAGED_RECIPES.rglob("*.yaml")):
         r = load_any(p)
         rows.append({"name": str(p.relative_to(PACKAGED_RECIPES).with_suffix("")), "objective": r.objective.name,
-                     "description": _description(p)})
+                     "description": description(p.read_text())})
     return View(rows, lambda ui: _render_list(rows, ui))
 
 

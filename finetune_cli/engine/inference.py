@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
@@ -24,7 +24,7 @@ from finetune_cli.data.encode import EncodedData, collate, encode_table, length_
 from finetune_cli.data.sampling import sorted_batches
 from finetune_cli.data.sources import Table
 from finetune_cli.engine.device import autocast_dtype, resolve_device, resolve_precision
-from finetune_cli.errors import DeviceError, TrainingError
+from finetune_cli.errors import DataError, DeviceError, TrainingError
 from finetune_cli.models.exporters import exported_as
 from finetune_cli.models.loading import (
     check_max_length,
@@ -109,6 +109,22 @@ def pad_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
 
+def parse_threshold(choice: Optional[str]) -> Union[None, str, float]:
+    """``--threshold``: None, ``tuned``, or a number in (0, 1); anything else is refused (checked
+    before any model loads)."""
+    if choice is None:
+        return None
+    if choice.strip().lower() == "tuned":
+        return "tuned"
+    try:
+        value = float(choice)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value < 1.0:  # (NaN fails too)
+        raise DataError(f"--threshold {choice}: give a number between 0 and 1 (exclusive), or `tuned`")
+    return value
+
+
 @dataclass
 class InferenceSession:
     """A model loaded for inference: on its device, in eval mode, with the precision it runs in
@@ -138,6 +154,24 @@ class InferenceSession:
         """A classifier's label names in id order, from its config's ``id2label`` (what its logits mean)."""
         id2label = getattr(self.model.config, "id2label", None) or {}
         return [str(id2label[i]) for i in sorted(id2label)][: self.model.spec.num_labels]
+
+    def decision_threshold(self, choice: Optional[str] = None) -> Union[float, np.ndarray]:
+        """A multi-label classifier's decision threshold(s), from ``--threshold``: a number in (0, 1)
+        for every label; ``tuned`` the per-label thresholds its folder saved (refused where it has
+        none); None those when saved, else its single ``threshold``. Refused for other models."""
+        spec = self.model.spec
+        if choice is not None and spec.problem_type != "multi_label_classification":
+            raise DataError(f"--threshold {choice}: {self.path} is a {spec.problem_type} model; the threshold "
+                            f"decides the labels of a multi_label_classification model only")
+        value = parse_threshold(choice)
+        if value is None:
+            return np.asarray(spec.thresholds) if spec.thresholds is not None else spec.threshold
+        if value == "tuned":
+            if spec.thresholds is None:
+                raise DataError(f"--threshold tuned: {self.path} has no tuned thresholds (a multi-label run saves "
+                                f"them when it has evaluation data); pass --threshold NUMBER")
+            return np.asarray(spec.thresholds)
+        return value
 
     def encode(self, table: Table, columns: Sequence[str], *, joint: bool, use_cache: bool = True,
                stride: Optional[int] = None) -> EncodedData:

@@ -32,6 +32,30 @@ def multilabel_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, floa
     }
 
 
+def tuned_thresholds(labels: np.ndarray, probs: np.ndarray, default: float = 0.5) -> np.ndarray:
+    """Per-label decision thresholds: for each label (column), the threshold ``t`` among that label's
+    own probabilities whose decisions ``probs >= t`` give the highest F1 against ``labels`` (ties:
+    the highest such ``t``, the fewest rows predicted). A label with no positive row has no F1 to
+    maximise and keeps ``default``.
+
+    One sort per label: with the rows in decreasing probability, the true positives above each
+    distinct probability are a cumulative sum, so every candidate's F1 = 2 TP / (predicted +
+    positives) comes at once (the O(n log n) form of trying every candidate)."""
+    y = np.asarray(labels) > 0.5
+    p = np.asarray(probs, dtype=np.float64)
+    out = np.full(p.shape[1], float(default))
+    for j in range(p.shape[1]):
+        positives = int(y[:, j].sum())
+        if positives == 0:
+            continue
+        order = np.argsort(-p[:, j], kind="stable")
+        s, tp = p[order, j], np.cumsum(y[order, j])
+        last = np.flatnonzero(np.r_[s[1:] != s[:-1], True])  # the last row of each distinct probability
+        f1 = 2 * tp[last] / (last + 1 + positives)
+        out[j] = s[last[int(np.argmax(f1))]]  # argmax: the first, i.e. highest, threshold of the best F1
+    return out
+
+
 def regression_metrics(pred: np.ndarray, gold: np.ndarray) -> dict[str, float]:
     from scipy.stats import pearsonr, spearmanr
 
@@ -60,14 +84,22 @@ def task_metrics(label_type: str | None, logits: np.ndarray, labels: np.ndarray 
     raise DataError("evaluation needs labelled data")
 
 
+def per_label(threshold: float | np.ndarray, label_names: list[str], problem_type: str) -> dict[str, float] | None:
+    """A multi-label model's decision threshold of each label, by name (None for other problem types)."""
+    if problem_type != "multi_label_classification":
+        return None
+    t = np.broadcast_to(np.asarray(threshold, dtype=np.float64), (len(label_names),))
+    return {name: float(v) for name, v in zip(label_names, t, strict=True)}
+
+
 def prediction_columns(logits: np.ndarray, problem_type: str, label_names: list[str],
-                       threshold: float = 0.5) -> dict[str, list]:
+                       threshold: float | np.ndarray = 0.5) -> dict[str, list]:
     """Per-row predictions as output columns.
 
     * single-label: ``pred_label`` (argmax) and ``prob_<label>`` (softmax, rows sum to 1);
     * regression: ``pred_score`` (the single output);
-    * multi-label: ``pred_labels`` (the labels whose sigmoid >= ``threshold``, a list) and
-      ``prob_<label>`` (each label's sigmoid).
+    * multi-label: ``pred_labels`` (the labels whose sigmoid >= ``threshold``, one for all labels or
+      one per label; a list) and ``prob_<label>`` (each label's sigmoid).
     """
     logits = np.asarray(logits, dtype=np.float64)
     if problem_type == "regression":

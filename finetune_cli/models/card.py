@@ -190,8 +190,18 @@ def _head(model, info: dict[str, Any]) -> list[str]:
             if model.hf is not None else f"`{spec.pooling}` pooling + dropout + linear"
             + (" (on the L2-normalised embedding)" if spec.normalize else ""))
     return [f"Head: {head}; problem type `{spec.problem_type}`"
-            + (f" (threshold {spec.threshold})" if spec.problem_type == "multi_label_classification" else "")
+            + (_thresholds(spec, info) if spec.problem_type == "multi_label_classification" else "")
             + (f"; labels: {', '.join(map(str, info['labels']))}" if info.get("labels") else "") + ".", ""]
+
+
+def _thresholds(spec, info: dict[str, Any]) -> str:
+    if spec.thresholds is None:
+        return f" (threshold {spec.threshold})"
+    names = [str(n) for n in info.get("labels") or ()]
+    if len(names) != len(spec.thresholds):
+        names = [f"LABEL_{i}" for i in range(len(spec.thresholds))]
+    tuned = ", ".join(f"{n} {t:.3f}" for n, t in zip(names, spec.thresholds, strict=True))
+    return f" (per-label thresholds tuned on the evaluation data: {tuned}; `finetune_model.json` keeps them)"
 
 
 def _fmt(v: Any) -> str:

@@ -12,11 +12,12 @@ A saved model is a plain Hugging Face folder (``save_pretrained`` of the encoder
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from safetensors.torch import load_file, save_file
 
@@ -243,10 +244,23 @@ def read_head_spec(path: str) -> Optional[HeadSpec]:
         data = json.loads(f.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
             raise ValueError(f"a JSON object expected, got {type(data).__name__}")
-        return HeadSpec(**{k: v for k, v in data.items() if k in HeadSpec.__dataclass_fields__})
+        spec = HeadSpec(**{k: v for k, v in data.items() if k in HeadSpec.__dataclass_fields__})
+        if spec.thresholds is not None:
+            spec = dataclasses.replace(spec, thresholds=_thresholds(spec.thresholds, spec.num_labels))
+        return spec
     except (OSError, ValueError, TypeError) as e:
         raise ModelError(f"cannot load the model in {path}: {HEAD_SPEC} is damaged "
                          f"({error_text(e, 120)})") from None
+
+
+def _thresholds(value: Any, num_labels: int) -> tuple[float, ...]:
+    """``thresholds`` as saved: one probability in [0, 1] per label (a tuned one is one of the
+    label's own probabilities, which may round to 0 or 1)."""
+    ok = isinstance(value, list) and len(value) == num_labels and all(
+        isinstance(t, (int, float)) and not isinstance(t, bool) and 0.0 <= t <= 1.0 for t in value)
+    if not ok:
+        raise ValueError(f"`thresholds` must be {num_labels} numbers in [0, 1], one per label")
+    return tuple(float(t) for t in value)
 
 
 def position_limit(encoder) -> Optional[int]:

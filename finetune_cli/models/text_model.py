@@ -180,6 +180,9 @@ class HeadSpec:
     problem_type: str = "single_label_classification"
     head: str = "native"
     threshold: float = 0.5  # multi-label: a label is predicted when its sigmoid >= threshold
+    # multi-label: one threshold per label, tuned on the last evaluation before the save (see
+    # ``engine.evaluation``); used instead of ``threshold`` by eval and predict unless told otherwise
+    thresholds: Optional[tuple[float, ...]] = None
     normalize: bool = False  # pooled head: L2-normalise the pooled embedding before dropout -> linear
     temperature: float = 1.0  # labels head: logits are cosine similarities to the label texts / temperature
 

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from finetune_cli.data.sources import CHUNK_ROWS, CONVERT_HINT, Table, TableFile, open_table, resolve_path
+from finetune_cli.data.sources import CHUNK_ROWS, CONVERT_HINT, TableFile, open_table, resolve_path
 from finetune_cli.engine.inference import InferenceSession, open_session
 from finetune_cli.errors import DataError
 from finetune_cli.fsutil import atomic_file, check_apart, check_output_file
@@ -73,16 +73,17 @@ def _npy_header(f, shape: tuple[int, ...], dtype: Any) -> None:
 
 
 @contextlib.contextmanager
-def _sink(out: Path, ids_file: Optional[Path], rows: int) -> Iterator[Callable[[Table, str, np.ndarray], None]]:
-    """``write(chunk, text_key, embeddings)`` per chunk, into temporary files renamed at the end."""
+def _sink(out: Path, ids_file: Optional[Path], rows: int
+          ) -> Iterator[Callable[[np.ndarray, list[str], np.ndarray], None]]:
+    """``write(row_ids, texts, embeddings)`` per chunk, into temporary files renamed at the end."""
     if ids_file is not None:
         with atomic_file(ids_file) as tids, atomic_file(out) as temb, tids.open("wb") as fi, temb.open("wb") as fe:
-            def write_npy(chunk: Table, key: str, emb: np.ndarray) -> None:
+            def write_npy(ids: np.ndarray, texts: list[str], emb: np.ndarray) -> None:
                 if fe.tell() == 0:
                     _npy_header(fe, (rows, emb.shape[1]), np.float32)
                     _npy_header(fi, (rows,), np.int64)
                 fe.write(np.ascontiguousarray(emb, dtype="<f4").tobytes())
-                fi.write(np.asarray(chunk.row_ids, dtype="<i8").tobytes())
+                fi.write(np.asarray(ids, dtype="<i8").tobytes())
             yield write_npy
         return
     import pyarrow as pa
@@ -91,8 +92,8 @@ def _sink(out: Path, ids_file: Optional[Path], rows: int) -> Iterator[Callable[[
     with atomic_file(out) as tmp, contextlib.ExitStack() as stack:
         writer: list[Any] = []
 
-        def write_parquet(chunk: Table, key: str, emb: np.ndarray) -> None:
-            cols = [pa.array(chunk.row_ids, pa.int64()), pa.array(chunk.columns[key], pa.string()),
+        def write_parquet(ids: np.ndarray, texts: list[str], emb: np.ndarray) -> None:
+            cols = [pa.array(ids, pa.int64()), pa.array(texts, pa.string()),
                     pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), emb.shape[1])]
             if not writer:  # the first chunk gives the width
                 schema = pa.schema([("row_id", pa.int64()), ("text", pa.string()), ("embedding", cols[2].type)])
@@ -125,7 +126,9 @@ def run_embed(model_name: str, input_path: str, output: str, ui, *, column: Opti
                                        want=("embeddings",), progress=prog):
             emb = outs["embeddings"]
             emb = l2_normalize(emb).astype(np.float32) if normalize else emb
-            write(chunk, key, emb)
+            # The row id: the record's 1-based number among the file's data rows (header and blank
+            # lines not counted), the same for every format; every record is embedded, in order.
+            write(np.arange(done + 1, done + len(chunk) + 1), chunk.columns[key], emb)
             done, dim = done + len(chunk), int(emb.shape[1])
         if done != rows:  # the header promised `rows` rows
             raise DataError(f"{input_path} changed while it was read ({rows} rows, then {done}); rerun")

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_cli.data.tasks import data_dir_from_env, load_task_data
-from finetune_cli.engine.inference import open_session
+from finetune_cli.engine.inference import open_session, parse_threshold
 from finetune_cli.errors import DataError, ModelError
 from finetune_cli.fsutil import check_writable_dir
 from finetune_cli.metrics.calibration import DEFAULT_BINS
-from finetune_cli.metrics.tasks import LABEL_TYPES, task_metrics
+from finetune_cli.metrics.tasks import LABEL_TYPES, per_label, task_metrics
 from finetune_cli.pipelines.common import load_data
 from finetune_cli.pipelines.recipes import Plan, load_plan, plan_for
 from finetune_cli.recipe import apply_overrides, build_recipe, to_plain
@@ -33,6 +33,7 @@ class EvalResult:
     figures: Optional[dict[str, str]] = None
     saved_to: Optional[str] = None
     precision: Optional[str] = None  # what the model ran in: fp32, bf16 or fp16
+    thresholds: Optional[dict[str, float]] = None  # multi-label: each label's decision threshold
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -58,10 +59,12 @@ def eval_plan(model: str, recipe_path: Optional[str], overrides: list[str]) -> P
 def run_eval(model_name: str, plan: Plan, ui, *, device: str = "auto", precision: str = "auto",
              data_dir: Optional[str] = None, batch_size: Optional[int] = None, bins: int = DEFAULT_BINS,
              figures: bool = True, out: Optional[str] = None, tsne_max: Optional[int] = 2000,
-             name: str = "eval", stride: Optional[int] = None) -> EvalResult:
+             name: str = "eval", stride: Optional[int] = None, threshold: Optional[str] = None) -> EvalResult:
     """``name``: the result file's stem in the output folder (``eval.json``; the CLI names evaluations
-    of other data than the run's own ``eval-<recipe>.json`` so ``report`` keeps reading the run's)."""
+    of other data than the run's own ``eval-<recipe>.json`` so ``report`` keeps reading the run's);
+    ``threshold``: a multi-label model's decisions (``InferenceSession.decision_threshold``)."""
     recipe = plan.recipe
+    parse_threshold(threshold)
     out_dir = eval_output_dir(model_name, out)
     if out_dir is not None:
         check_writable_dir(out_dir, "--out folder" if out is not None else "run directory")
@@ -100,10 +103,12 @@ def run_eval(model_name: str, plan: Plan, ui, *, device: str = "auto", precision
     logits = outs["logits"]
     left_out: dict[str, str] = {}
     labels = enc.row_labels
-    metrics = task_metrics(lt, logits, labels, spec.threshold, left_out)
+    cut = sess.decision_threshold(threshold)
+    metrics = task_metrics(lt, logits, labels, cut, left_out)
     for why in dict.fromkeys(left_out.values()):
         ui.warn(f"{', '.join(k for k, v in left_out.items() if v == why)} not computed: {why}")
-    res = EvalResult(model=path, data=data.eval.source, examples=enc.rows, metrics=metrics, precision=sess.precision)
+    res = EvalResult(model=path, data=data.eval.source, examples=enc.rows, metrics=metrics, precision=sess.precision,
+                     thresholds=per_label(cut, names or [], spec.problem_type))
     if lt == "class":
         from finetune_cli.pipelines.eval_details import classification_details
 

@@ -21,11 +21,11 @@ import numpy as np
 
 from finetune_cli.data.sources import CHUNK_ROWS, CONVERT_HINT, TableFile, open_table
 from finetune_cli.data.table_io import ColumnTypes, check_table_output, table_writer
-from finetune_cli.engine.inference import open_session
+from finetune_cli.engine.inference import open_session, parse_threshold
 from finetune_cli.errors import DataError, ModelError
 from finetune_cli.fsutil import check_apart
 from finetune_cli.inputs import model_inputs
-from finetune_cli.metrics.tasks import prediction_columns
+from finetune_cli.metrics.tasks import per_label, prediction_columns
 from finetune_cli.recipe import TRUNCATION_RULES
 
 
@@ -41,6 +41,7 @@ class PredictResult:
     columns: list[str]
     seconds: float
     precision: str  # what the model ran in: fp32, bf16 or fp16
+    thresholds: Optional[dict[str, float]] = None  # multi-label: each label's decision threshold
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -84,15 +85,19 @@ def _output_columns(spec, labels: list[str], src: _Input, input_path: str) -> tu
 def run_predict(model_name: str, input_path: str, output: str, ui, *, column: str = "text",
                 pair_column: Optional[str] = None, batch_size: int = 64, max_length: Optional[int] = None,
                 device: str = "auto", precision: str = "auto", chunk_rows: int = CHUNK_ROWS,
-                truncation: Optional[str] = None, stride: Optional[int] = None) -> PredictResult:
+                truncation: Optional[str] = None, stride: Optional[int] = None,
+                threshold: Optional[str] = None) -> PredictResult:
     """``truncation`` None: the rule the model was trained with; ``stride``: long rows read in
-    overlapping windows whose logits are averaged (single texts only)."""
+    overlapping windows whose logits are averaged (single texts only); ``threshold`` (multi-label):
+    ``--threshold`` (see ``InferenceSession.decision_threshold``; None: the tuned thresholds the
+    folder saved, else its single one)."""
     check_apart(output, model_inputs(model_name, whole_run=False), "--output")
     if truncation is not None and truncation not in TRUNCATION_RULES:
         raise DataError(f"--truncation {truncation}: choose one of {', '.join(TRUNCATION_RULES)}")
     if stride is not None and pair_column is not None:
         raise DataError("--stride reads one text in overlapping windows; a sentence pair (--pair-column) is cut "
                         "by --truncation instead (the longer text first)")
+    parse_threshold(threshold)
     src = _check_input(input_path, output, [c for c in (column, pair_column) if c is not None], chunk_rows)
     sess = open_session(model_name, device=device, precision=precision, max_length=max_length, truncation=truncation)
     model, path = sess.model, sess.path
@@ -100,6 +105,7 @@ def run_predict(model_name: str, input_path: str, output: str, ui, *, column: st
         raise ModelError(f"{path} is an embedding model (no classification head); use `finetune embed {model_name} "
                          f"FILE --output OUT.npy` for its embeddings")
     spec, labels = model.spec, sess.label_names
+    cut = sess.decision_threshold(threshold)
     added, types = _output_columns(spec, labels, src, input_path)
     counted: Counter = Counter()
     optional = set(src.names) - set(src.texts)  # a record may lack any other key
@@ -108,7 +114,7 @@ def run_predict(model_name: str, input_path: str, output: str, ui, *, column: st
             table_writer(output, src.names + added, types) as write:
         chunks = src.file.chunks(chunk_rows, src.names, optional)
         for chunk, outs in sess.stream(chunks, src.texts, batch_size, joint=True, progress=prog, stride=stride):
-            preds = prediction_columns(outs["logits"], spec.problem_type, labels, spec.threshold)
+            preds = prediction_columns(outs["logits"], spec.problem_type, labels, cut)
             write({**chunk.columns, **preds})
             counted.update(preds.get("pred_label") or [x for s in preds.get("pred_labels", []) for x in s])
     secs = time.perf_counter() - t0
@@ -116,4 +122,4 @@ def run_predict(model_name: str, input_path: str, output: str, ui, *, column: st
         ui.warn(f"{input_path}: {note}")
     ui.log(f"{src.rows} rows -> {output} ({src.rows / max(secs, 1e-9):.0f}/s)")
     return PredictResult(path, input_path, output, src.rows, spec.problem_type, labels, dict(counted),
-                         src.names + added, round(secs, 3), sess.precision)
+                         src.names + added, round(secs, 3), sess.precision, per_label(cut, labels, spec.problem_type))

@@ -145,6 +145,12 @@ def validate_recipe(recipe: R) -> R:
     return dataclasses.replace(recipe, objective=obj, train=train)
 
 
+def comparable(recipe: Recipe) -> Recipe:
+    """As two runs are compared: validated, every objective parameter given (its default if left out)."""
+    p = plan_for(recipe)  # (a stored recipe keeps its parameters as written: ce.yaml's label_smoothing: 0.0)
+    return dataclasses.replace(p.recipe, objective=ObjectiveConfig(p.objective_name, dict(p.params)))
+
+
 def _text_columns(cls: type[Objective]) -> tuple[str, ...]:
     cols = [c for c in cls.required_columns if c != "label"]
     if cls.encoding == "joint" and "text_pair" not in cols:

@@ -31,7 +31,7 @@ from finetune_cli.inputs import check_output_apart
 from finetune_cli.models.loading import build_text_model, check_max_length, load_text_model, save_text_model
 from finetune_cli.pipelines.common import EVALUATORS, attach_label_texts, encode, load_data, model_card_info
 from finetune_cli.pipelines.push import push_after_training
-from finetune_cli.pipelines.recipes import Plan, validate_recipe
+from finetune_cli.pipelines.recipes import Plan, comparable
 from finetune_cli.rundir import RunDir, RunLock, same_run
 from finetune_cli.viz.curves import write_curves
 
@@ -84,14 +84,14 @@ def preflight(plan: Plan, *, device: str = "auto", data_dir: Optional[str] = Non
 
 def _claim_output(run: RunDir, plan: Plan, overwrite: bool) -> None:
     check_writable_dir(run.path, "output folder")
-    run.claim(plan.recipe, overwrite, normalise=validate_recipe)
+    run.claim(comparable(plan.recipe), overwrite, normalise=comparable)
 
 
 def _setup(plan: Plan, run: RunDir, ui, procs: Processes, *, data_dir: Optional[Path], resume: Optional[str],
            callbacks: Sequence[Callable]) -> tuple[Trainer, TaskData, Optional[Path]]:
     data = _setup_data(plan, data_dir, ui)
     ck = Checkpointer(run).resume_point(resume, ui.warn, lambda ck_run, where: same_run(
-        where, validate_recipe(ck_run.read_recipe()), plan.recipe,
+        where, comparable(ck_run.read_recipe()), comparable(plan.recipe),
         "resume a checkpoint of this recipe, or train without --resume"))
     run.path.mkdir(parents=True, exist_ok=True)
     if procs.is_main:

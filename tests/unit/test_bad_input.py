@@ -338,6 +338,15 @@ CASES = [
     C("train-resume-corrupt", [*TRAIN, "--resume", "{tmp}/runs/t/checkpoint-2"], 2, "checkpoint-2",
       setup=_both(lambda c: c["partial"], _truncate("{tmp}/runs/t/checkpoint-2/trainer_state.json"))),
     C("train-resume-missing", [*TRAIN, "--resume", "{tmp}/nope"], 2, "nope"),
+    # another run's checkpoint: only the key whose value differs is named, not a parameter set to
+    # the default the checkpoint's run trained with
+    C("train-resume-other-run-names-what-differs", [*TRAIN, "output.name=u", "objective.label_smoothing=0.0",
+                                                    "train.lr=2e-3", "--resume", "{run}/checkpoint-2"], 2,
+      "checkpoint holds a different run (train.lr: 0.001 there, 0.002 now);", left=["{tmp}/runs/u"],
+      kept=["{run}/checkpoint-2/trainer_state.json"]),
+    C("train-rerun-other-run-names-what-differs", [*TRAIN, "objective.label_smoothing=0.0", "train.lr=2e-3"], 2,
+      "holds a different run (train.lr: 0.001 there, 0.002 now);", setup=lambda c: c["partial"],
+      kept=["{tmp}/runs/t/checkpoint-2/trainer_state.json"]),
     C("train-unknown-option", [*TRAIN, "--nope"], 2, "--nope"),
     C("train-no-recipe", ["train", "-q"], 2, "--recipe"),
     C("train-device-unknown", [*TRAIN, "--device", "tpu"], 2, "tpu"),
@@ -396,6 +405,12 @@ CASES = [
     # ---- predict ------------------------------------------------------------------------------
     C("predict-precision-fp16-cpu", [*PREDICT, "--precision", "fp16"], 2, "--precision fp16", "GPU",
       left=["{tmp}/p.csv"]),
+    C("predict-threshold-single-label", [*PREDICT, "--threshold", "0.3"], 2, "--threshold 0.3",
+      "single_label_classification", left=["{tmp}/p.csv"]),
+    C("predict-threshold-garbage", [*PREDICT, "--threshold", "high"], 2, "--threshold high", "between 0 and 1",
+      left=["{tmp}/p.csv"]),
+    C("eval-threshold-single-label", [*EVAL, "--threshold", "tuned"], 2, "--threshold tuned",
+      "single_label_classification"),
     C("predict-jsonl-line-3", [*PRED, "-i", "{line3_jsonl}", "-o", "{tmp}/p.csv"], 2, "line3.jsonl", "line 3",
       left=["{tmp}/p.csv"]),
     C("predict-latin1", [*PRED, "-i", "{latin1_tsv}", "-o", "{tmp}/p.csv"], 2, "latin1.tsv", "byte", "row 3"),
@@ -798,6 +813,16 @@ def test_bad_input(case: Case, tmp_path, tiny_model_dir, finished_run, request):
     # writers leave nothing a rerun would trust: no half-written summary or model files
     for p in tmp_path.rglob("*"):
         assert not (p.name.endswith(".tmp") or ".tmp." in p.name), p
+
+
+def test_a_parameter_at_its_default_is_the_same_run(tmp_path, tiny_model_dir, finished_run):
+    """The finished run left `objective.label_smoothing` out; naming its default is the same run
+    (complete: nothing to do), and so is resuming its checkpoint into another folder."""
+    run = shutil.copytree(finished_run, tmp_path / "runs" / "t")
+    argv = [fill(a, Ctx(tmp_path, tiny_model_dir, finished_run)) for a in TRAIN]
+    res = runner.invoke(app, [*argv, "objective.label_smoothing=0.0"])
+    assert res.exit_code == 0 and not res.stderr.strip(), res.output
+    assert "label_smoothing" not in (run / "recipe.yaml").read_text()
 
 
 def test_table_size():

@@ -42,6 +42,33 @@ def test_recipes_list_show_validate():
     assert res.exit_code == 0 and json.loads(res.stdout)["train"]["lr"] == 1e-4
 
 
+def test_recipes_list_descriptions_end_at_a_sentence():
+    """Each packaged recipe's description is the first sentence of its header, whole: it ends with a
+    period and is where the header's prose starts, over a line break where the sentence has one."""
+    from finetune_cli.recipe import PACKAGED_RECIPES
+
+    res = invoke("recipes", "list", "--json")
+    assert res.exit_code == 0, res.output
+    rows = {r["name"]: r["description"] for r in json.loads(res.stdout)}
+    assert len(rows) == len(list(PACKAGED_RECIPES.rglob("*.yaml")))
+    for name, text in rows.items():
+        header = " ".join(ln[1:].strip() for ln in (PACKAGED_RECIPES / f"{name}.yaml").read_text().splitlines()
+                          if ln.startswith("# "))
+        assert text.endswith(".") and header.startswith(text) and len(text) > 20, (name, text)
+    assert rows["fewshot/fastfit"].endswith("prediction by similarity to the label texts.")  # its second line
+    assert rows["fewshot/ce"].startswith("Few-shot CE (e.g. 20 examples per class): a budget")  # not cut at "e.g."
+
+
+def test_recipe_description_rule():
+    from finetune_cli.cli.recipes import description
+
+    header = ("# Few-shot CE (e.g. 20 a class, Gunel et al., ICLR 2021) on a\n# schedule of steps. Its second "
+              "sentence.\n#   finetune train -r x\nmodel: {}\n")
+    assert description(header) == "Few-shot CE (e.g. 20 a class, Gunel et al., ICLR 2021) on a schedule of steps."
+    assert description("# No period, then a command\n#   finetune train -r x\n") == "No period, then a command"
+    assert description("model: {}\n") == ""
+
+
 def test_train_then_eval(tiny_recipe, tmp_path):
     res = invoke("train", "--recipe", "quickstart", *tiny_recipe(), "--device", "cpu", "--json", "-q")
     assert res.exit_code == 0, res.output

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tests.readme_walk import DOCS, doc_pages, make_layout, readme_commands, summary, walk
+import re
+
+from tests.readme_walk import DOCS, REPO, doc_pages, make_layout, readme_commands, summary, walk
 
 FAKE_PAGE = """# Evaluation
 
@@ -62,3 +64,47 @@ def test_a_docs_page_walk_names_the_page(tmp_path):
     assert "FAILED docs/fake.md:3: false" in report
     assert "skipped docs/fake.md:4: needs the Hugging Face hub" in report
     assert summary(res).startswith("README walk:")  # the README's report is unchanged
+
+
+def test_a_hidden_marker_before_a_fence_applies_to_its_commands():
+    """``<!-- walk: skip (…) -->`` / ``<!-- needs: … -->`` on the line before a fence: every command of
+    that fence carries it (continuations included); the next fence does not."""
+    text = "\n".join([
+        "<!-- walk: skip (downloads torch) -->",
+        "```bash",
+        "pip install torch \\",
+        "  --index-url https://download.pytorch.org/whl/cpu",
+        "echo two",
+        "```",
+        "",
+        "<!-- needs: data -->",
+        "```bash",
+        "finetune train -r ce",
+        "```",
+        "<!-- an ordinary comment -->",
+        "",
+        "```bash",
+        "finetune recipes list   # walk: skip (inline still works)",
+        "finetune recipes show quickstart",
+        "```",
+    ])
+    cmds = readme_commands(text)
+    assert [(c.text, c.skip, c.needs) for c in cmds] == [
+        ("pip install torch --index-url https://download.pytorch.org/whl/cpu", "downloads torch", []),
+        ("echo two", "downloads torch", []),
+        ("finetune train -r ce", None, ["data"]),
+        ("finetune recipes list", "inline still works", []),
+        ("finetune recipes show quickstart", None, []),
+    ]
+
+
+def test_the_readme_keeps_the_walk_markers_out_of_sight():
+    """A reader of the README sees no walk markers in its commands: they sit in HTML comments."""
+    fence, shown = None, []
+    for n, line in enumerate((REPO / "README.md").read_text().splitlines(), 1):
+        if line.strip().startswith("```"):
+            fence = None if fence else line.strip()[3:] or "plain"
+        elif fence and re.search(r"#\s*(walk:|needs:)", line):
+            shown.append(f"README.md:{n}: {line}")
+    assert not shown, "\n".join(shown)
+    assert [c for c in readme_commands((REPO / "README.md").read_text()) if c.skip]  # the markers are still read

@@ -217,7 +217,7 @@ def test_train_embed_eval_and_sentence_transformers_round_trip(tmp_path, tiny_mo
     import pyarrow.parquet as pqm
 
     tab = pqm.read_table(pq).to_pylist()
-    assert len(tab) == 6 and tab[0]["row_id"] == 2 and abs(np.linalg.norm(tab[0]["embedding"]) - 1) < 1e-5
+    assert len(tab) == 6 and tab[0]["row_id"] == 1 and abs(np.linalg.norm(tab[0]["embedding"]) - 1) < 1e-5
 
     res = r.invoke(app, ["eval", str(run), "--device", "cpu", "--json"])
     assert res.exit_code == 0, res.output

@@ -27,7 +27,7 @@ def test_resume_refuses_another_jobs_checkpoint(tiny_recipe, tmp_path):
     assert res.exit_code == 2, res.output
     err = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert len(err) == 1 and f"--resume {ck}: checkpoint holds a different run" in err[0]
-    assert "objective.label_smoothing: 0.2 there, unset now" in err[0]
+    assert "objective.label_smoothing: 0.2 there, 0.0 now" in err[0]  # the default it would train with
     assert "train.max_steps: 2 there, 4 now" in err[0]
     assert not (tmp_path / "runs" / "tiny" / "summary.json").exists()
 

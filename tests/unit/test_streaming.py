@@ -186,3 +186,54 @@ def test_embed_and_predict_memory_stays_bounded_on_a_100_mb_line(tiny_model_dir,
                                      "a cat sat", "-o", str(tmp_path / "p.csv"), "--device", "cpu", "-q"])
     assert code == 2 and "line 3" in line, line
     assert peak < base + 100, (peak, base)
+
+
+def test_row_ids_are_the_record_number_in_every_format(tiny_model_dir, tmp_path):
+    """The same five records as CSV (a header, a blank line; a text over two lines), TSV, JSONL
+    (blank lines), JSON, TXT (blank lines) and Parquet: every format gives ids 1..5 (the n-th data
+    record; a header and blank lines are not records) and the same vectors, in ``.ids.npy`` and in
+    a Parquet output's ``row_id``."""
+    import csv
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from finetune_cli.cli.main import app
+
+    texts = ["a quiet kettle", "the blender broke", "fine, I guess", "boils fast", "avoid it"]
+    files = {}
+    with (tmp_path / "in.csv").open("w", newline="") as h:
+        w = csv.writer(h)
+        w.writerow(["text", "n"])
+        w.writerows([(t, i) for i, t in enumerate(texts[:2])])
+        h.write("\n")
+        w.writerows([(t, i) for i, t in enumerate(texts[2:], 2)])
+    files["csv"] = tmp_path / "in.csv"
+    files["csv2"] = tmp_path / "in2.csv"  # a record over two lines: the next record is still number 2
+    files["csv2"].write_text('text\n"a quiet\nkettle"\nthe blender broke\n"fine, I guess"\nboils fast\navoid it\n')
+    files["tsv"] = tmp_path / "in.tsv"
+    files["tsv"].write_text("text\tn\n" + "".join(f"{t}\t{i}\n" for i, t in enumerate(texts)))
+    files["jsonl"] = tmp_path / "in.jsonl"
+    files["jsonl"].write_text("\n" + "\n\n".join(json.dumps({"text": t}) for t in texts) + "\n")
+    files["json"] = tmp_path / "in.json"
+    files["json"].write_text(json.dumps([{"text": t} for t in texts]))
+    files["txt"] = tmp_path / "in.txt"
+    files["txt"].write_text("\n".join(texts[:3]) + "\n\n\n" + "\n".join(texts[3:]) + "\n")
+    files["parquet"] = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": texts}), files["parquet"])
+    runner = CliRunner()
+    vecs = {}
+    for fmt, f in files.items():
+        for suffix in (".npy", ".parquet"):
+            out = tmp_path / f"{fmt}{suffix}"
+            res = runner.invoke(app, ["embed", str(tiny_model_dir), "-i", str(f), "-o", str(out), "--device", "cpu", "-q"])
+            assert res.exit_code == 0, (fmt, res.output)
+            if suffix == ".npy":
+                assert np.load(out.with_suffix(".ids.npy")).tolist() == [1, 2, 3, 4, 5], fmt
+                vecs[fmt] = np.load(out)
+            else:
+                t = pq.read_table(out).to_pydict()
+                assert t["row_id"] == [1, 2, 3, 4, 5] and t["text"][1:] == texts[1:], fmt
+    for fmt, v in vecs.items():
+        np.testing.assert_allclose(v, vecs["tsv"], atol=1e-5, err_msg=fmt)

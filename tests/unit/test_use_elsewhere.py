@@ -230,8 +230,9 @@ def test_multi_label_end_to_end(tmp_path, tiny_model_dir, form):
     assert res.exit_code == 0, res.output
     rows = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert set(rows[0]) == {"text", "label", "pred_labels", "prob_funny", "prob_neg", "prob_pos"}
+    tuned = json.loads((out.run_dir / "best" / "finetune_model.json").read_text())["thresholds"]  # test_thresholds.py
     for r in rows:
-        assert r["pred_labels"] == [k for k in ("funny", "neg", "pos") if r[f"prob_{k}"] >= 0.5]
+        assert r["pred_labels"] == [k for k, t in zip(("funny", "neg", "pos"), tuned, strict=True) if r[f"prob_{k}"] >= t]
 
 
 def test_several_labels_without_multi_label_config_is_one_line_error(tmp_path, tiny_model_dir):
