@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv quickstart test test-fast test-readme test-gpu lint docs bench clean
+.PHONY: venv quickstart test test-fast test-readme test-gpu lint docs docs-deps bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ quickstart: venv
 
 # Everything CI runs (unit, integration and slow tests).
 test: venv
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=20 tests
 
 # The README walk alone (also part of `make test`): every command of the README and of the docs
 # pages, as a newcomer would run it.
@@ -59,6 +59,10 @@ $(BIN)/.docs-installed: pyproject.toml $(BIN)/.installed
 
 docs: $(BIN)/.docs-installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
+
+# The docs extra alone: CI installs it so that `make test` runs the strict docs build
+# (tests/integration/test_docs_site.py, which checks more than `make docs`) instead of building twice.
+docs-deps: $(BIN)/.docs-installed
 
 bench: venv
 	$(BIN)/python bench/train_throughput.py

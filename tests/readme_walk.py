@@ -13,8 +13,10 @@ Which commands run:
 - the same markers in an HTML comment on the line just before a fence (``<!-- walk: skip (reason)
   -->``, ``<!-- needs: data -->``) apply to every command of that fence, and a reader of the
   rendered page does not see them (the README uses this form);
-- ``make quickstart`` runs the commands of the Makefile's ``quickstart`` target (the venv is the one
-  running the tests); ``make test`` and other test/lint targets are the suite itself and are skipped.
+- ``make quickstart`` runs the commands of the Makefile's ``quickstart`` target at the small sizes
+  below (the venv is the one running the tests; ``tests/integration/test_quickstart.py`` trains the
+  main job at full size); ``make test`` and other test/lint targets are the suite itself and are
+  skipped.
 
 Small sizes: ``finetune train`` and ``finetune probe`` commands get overrides appended (two
 optimizer steps, a few dozen examples); nothing else is changed. Everything runs through ``bash`` with
@@ -193,7 +195,9 @@ def walk(commands: list[Command], work: Path, *, timeout: float = 600.0) -> list
             if target != "quickstart":
                 results.append(Outcome(c, "skipped", f"`make {target}` is the test suite or its set-up"))
                 continue
-            script = makefile_target("quickstart")  # run as the Makefile has it: the main job, full size
+            # as the Makefile has it, at the walk's small size: the main job at full size (its learning
+            # included) is tests/integration/test_quickstart.py's, not trained twice
+            script = [with_caps(line) for line in makefile_target("quickstart")]
         t0 = time.perf_counter()
         ok, out = True, ""
         for line in script:
