@@ -634,7 +634,7 @@ CASES = [
     C("augment-input-loop", [*AUG, "-i", "{loop}", "-o", "{tmp}/a.tsv"], 2, "loop.tsv", left=["{tmp}/a.tsv"]),
     C("report-run-loop", ["report", "{loop}", "--no-plot"], 2, "loop.tsv"),
     C("export-onnx-disk-full", [*ONNX, "{tmp}/o"], 5, "no space left", "{tmp}/o", left=["{tmp}/o"], kept=KEEP_RUN,
-      patch=_full_disk_at("finetune_cli.pipelines.export", "export_onnx")),
+      patch=_full_disk_at("finetune_cli.models.onnx", "export_onnx")),
     # ---- misleading lines: name the key, the rule and the fix ---------------------------------
     C("predict-gzip", [*PRED, "-i", "{gzip_tsv}", "-o", "{tmp}/p.csv"], 2, "rows.tsv", "gzip-compressed", "gunzip",
       left=["{tmp}/p.csv"]),
