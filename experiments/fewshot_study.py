@@ -361,7 +361,7 @@ def run_row(args, plan, task: str, n: int, label: str, seeds, ui, test: Path, le
             fp: str) -> dict[int, dict]:
     """Train (or reuse, from the ledger or a finished run) and test every seed of one fine-tuning row
     (its ledger key ``fp``); the per-seed records."""
-    from finetune_cli.pipelines.evaluate import eval_plan, run_eval
+    from finetune_cli.pipelines.evaluate import eval_plan, evaluate
     from finetune_cli.pipelines.multiseed import run_seeds
     from finetune_cli.rundir import EVAL as EVAL_FILE
 
@@ -381,7 +381,7 @@ def run_row(args, plan, task: str, n: int, label: str, seeds, ui, test: Path, le
         ev_file = o.run_dir / EVAL_FILE
         done = ev_file.is_file() and json.loads(ev_file.read_text()).get("data") == test
         if not done:
-            run_eval(str(o.run_dir), eval_plan(str(o.run_dir), None, [f"data.eval={test}"]), ui, device=args.device,
+            evaluate(str(o.run_dir), eval_plan(str(o.run_dir), None, [f"data.eval={test}"]), ui, device=args.device,
                      figures=not args.no_figures)
         prune(o.run_dir, args.keep)
         if not (o.already_complete and done and str(seed) in cost):

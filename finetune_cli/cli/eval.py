@@ -50,25 +50,13 @@ def eval_cmd(
     calibration (ECE/MCE) and reliability / t-SNE figures. Embedding model: Spearman/Pearson of cosines
     against gold pair scores, alignment and uniformity."""
     from finetune_cli.metrics.names import CALIBRATION_METRICS
-    from finetune_cli.pipelines.evaluate import eval_plan, run_eval
+    from finetune_cli.pipelines.evaluate import eval_plan, evaluate
 
-    plan = eval_plan(model, recipe, overrides or [])
-    from finetune_cli.pipelines.similarity import run_eval_similarity, wants_similarity
-
-    if wants_similarity(model, plan):  # embedding model: STS metrics
-        if threshold is not None:
-            from finetune_cli.errors import DataError
-
-            raise DataError(f"--threshold {threshold}: {model} is an embedding model; the threshold decides the "
-                            f"labels of a multi_label_classification model only")
-        sim = run_eval_similarity(model, plan, ui, device=device, precision=precision, data_dir=data_dir,
-                                  batch_size=batch_size, stride=stride)
-        return View(sim.to_dict(), lambda ui: ui.print(_metrics_table(sim)), gated=lambda: sim.metrics)
     # The run's own evaluation is eval.json (what `report` reads); other data gets its own file.
     name = "eval" if recipe is None or out is not None else f"eval-{Path(recipe).stem}"
-    res = run_eval(model, plan, ui, device=device, precision=precision, data_dir=data_dir, batch_size=batch_size,
-                   bins=bins, figures=not no_figures, out=out, tsne_max=tsne_max, name=name, stride=stride,
-                   threshold=threshold)
+    res = evaluate(model, eval_plan(model, recipe, overrides or []), ui, device=device, precision=precision,
+                   data_dir=data_dir, batch_size=batch_size, bins=bins, figures=not no_figures, out=out,
+                   tsne_max=tsne_max, name=name, stride=stride, threshold=threshold)
     gated = {**res.metrics, **{k: res.calibration[k] for k in CALIBRATION_METRICS
                                if res.calibration and res.calibration.get(k) is not None}}
     return View(res.to_dict(), lambda ui: _render(res, ui), gated=lambda: gated)

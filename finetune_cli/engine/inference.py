@@ -30,6 +30,7 @@ from finetune_cli.models.loading import (
     check_max_length,
     default_max_length,
     default_truncation,
+    label_names,
     load_embedding_model,
     load_text_model,
     position_limit,
@@ -152,8 +153,7 @@ class InferenceSession:
     @property
     def label_names(self) -> list[str]:
         """A classifier's label names in id order, from its config's ``id2label`` (what its logits mean)."""
-        id2label = getattr(self.model.config, "id2label", None) or {}
-        return [str(id2label[i]) for i in sorted(id2label)][: self.model.spec.num_labels]
+        return label_names(self.model.config, self.model.spec.num_labels)
 
     def decision_threshold(self, choice: Optional[str] = None) -> Union[float, np.ndarray]:
         """A multi-label classifier's decision threshold(s), from ``--threshold``: a number in (0, 1)

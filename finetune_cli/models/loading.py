@@ -330,12 +330,7 @@ def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Option
     """
     path, is_local = resolve_model(name)
     rev = None if is_local else revision
-    adapter = _adapter_base(path) if is_local else None
-    # An embedding adapter has no config.json of its own: its base's.
-    own = adapter is None or (Path(path) / "config.json").is_file()
-    config = load_config(path, rev) if own else load_config(adapter[0], adapter[1])
-    if adapter is not None and own:
-        _check_adapter_base(path, config, adapter[0], load_config(adapter[0], adapter[1]))
+    config, adapter = _folder_config(path, is_local, rev)
     tokenizer = load_tokenizer(path, rev)
     saved = read_head_spec(path) if is_local else None
     given = spec is not None
@@ -366,6 +361,51 @@ def load_text_model(name: str, spec: Optional[HeadSpec] = None, revision: Option
         own = model.state_dict()
         model.load_state_dict({k: v for k, v in keep.items() if k in own and own[k].shape == v.shape}, strict=False)
     return model, tokenizer, path
+
+
+def _folder_config(path: str, is_local: bool, rev: Optional[str]):
+    """``(config, adapter)``: the transformers config of a resolved model (a LoRA adapter folder's
+    own, checked against its base's, or its base's when it has none) and, for an adapter folder,
+    what :func:`_adapter_base` says of its base (else None)."""
+    adapter = _adapter_base(path) if is_local else None
+    # An embedding adapter has no config.json of its own: its base's.
+    own = adapter is None or (Path(path) / "config.json").is_file()
+    config = load_config(path, rev) if own else load_config(adapter[0], adapter[1])
+    if adapter is not None and own:
+        _check_adapter_base(path, config, adapter[0], load_config(adapter[0], adapter[1]))
+    return config, adapter
+
+
+def label_names(config, num_labels: int) -> list[str]:
+    """A classifier's label names in id order (what its logits mean): its config's ``id2label``."""
+    id2label = getattr(config, "id2label", None) or {}
+    return [str(id2label[i]) for i in sorted(id2label)][:num_labels]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What a model is, read from its folder's small files before any weight: where its name
+    resolved to, its heads (``spec``, as :func:`load_text_model` will build them) and its label
+    names in id order. An evaluation is keyed by it: what to compute and how to read the labels
+    is decided before the data is read and the weights are loaded."""
+
+    path: str
+    spec: HeadSpec
+    label_names: list[str]
+
+    @property
+    def has_classifier(self) -> bool:
+        return self.spec.num_labels > 0
+
+
+def describe_model(name: str, revision: Optional[str] = None) -> ModelInfo:
+    """:class:`ModelInfo` of ``name`` (run directory, model folder, LoRA adapter or ONNX folder,
+    ``embedded`` or hub id): the spec and labels :func:`load_text_model` (and the ONNX loader)
+    give the loaded model, without loading it."""
+    path, is_local = resolve_model(name)
+    config, _ = _folder_config(path, is_local, None if is_local else revision)
+    spec = (read_head_spec(path) if is_local else None) or spec_from_config(config)
+    return ModelInfo(path, spec, label_names(config, spec.num_labels))
 
 
 # What must agree between an adapter's config.json and its base model's for the base weights to be

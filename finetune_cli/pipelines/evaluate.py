@@ -1,4 +1,6 @@
-"""``finetune eval``: a trained model (run directory, model folder or hub id) on a labelled set."""
+"""``finetune eval``: a trained model (run directory, model folder or hub id) on a labelled set, by
+what the model is: a classifier by its problem type, an embedding model on sentence pairs with gold
+scores (Spearman and Pearson of the cosines, alignment and uniformity, Wang & Isola 2020)."""
 
 from __future__ import annotations
 
@@ -7,13 +9,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
+
 from finetune_cli.data.tasks import data_dir_from_env, load_task_data
 from finetune_cli.engine.inference import open_session, parse_threshold
 from finetune_cli.errors import DataError, ModelError
 from finetune_cli.fsutil import check_writable_dir
 from finetune_cli.metrics.calibration import DEFAULT_BINS
+from finetune_cli.metrics.similarity import (
+    alignment,
+    correlations,
+    cosine_scores,
+    positive_threshold,
+    uniformity,
+)
 from finetune_cli.metrics.tasks import LABEL_TYPES, per_label, task_metrics
-from finetune_cli.pipelines.common import load_data
+from finetune_cli.models.loading import ModelInfo, describe_model
+from finetune_cli.pipelines.common import load_similarity_data
 from finetune_cli.pipelines.recipes import Plan, load_plan, plan_for
 from finetune_cli.recipe import apply_overrides, build_recipe, to_plain
 from finetune_cli.rundir import RunDir
@@ -56,43 +68,55 @@ def eval_plan(model: str, recipe_path: Optional[str], overrides: list[str]) -> P
     raise DataError(f"no evaluation data: {model} is not a run directory; pass --recipe or data.eval=FILE")
 
 
-def run_eval(model_name: str, plan: Plan, ui, *, device: str = "auto", precision: str = "auto",
+def evaluate(model_name: str, plan: Plan, ui, *, device: str = "auto", precision: str = "auto",
              data_dir: Optional[str] = None, batch_size: Optional[int] = None, bins: int = DEFAULT_BINS,
              figures: bool = True, out: Optional[str] = None, tsne_max: Optional[int] = 2000,
              name: str = "eval", stride: Optional[int] = None, threshold: Optional[str] = None) -> EvalResult:
-    """``name``: the result file's stem in the output folder (``eval.json``; the CLI names evaluations
+    """``finetune eval``: the evaluation keyed by what the model is (:func:`describe_model`, read
+    before any weight): a classifier by its problem type (its labels read with its own
+    ``id2label``), a model without a classifier (or any model under a recipe whose objective
+    evaluates by similarity) by the STS metrics of its embeddings. The plan is resolved once (by
+    the caller) and the data read once, before the weights load, so a bad file costs no model load.
+
+    ``name``: the result file's stem in the output folder (``eval.json``; the CLI names evaluations
     of other data than the run's own ``eval-<recipe>.json`` so ``report`` keeps reading the run's);
     ``threshold``: a multi-label model's decisions (``InferenceSession.decision_threshold``)."""
-    recipe = plan.recipe
     parse_threshold(threshold)
+    info = describe_model(model_name)
+    ddir = data_dir_from_env(data_dir)
+    if plan.evaluation == "similarity" or not info.has_classifier:
+        if threshold is not None:
+            raise DataError(f"--threshold {threshold}: {model_name} is evaluated as an embedding model; the "
+                            f"threshold decides the labels of a multi_label_classification model only")
+        return _similarity(model_name, plan, ui, device=device, precision=precision, data_dir=ddir,
+                           batch_size=batch_size, stride=stride)
+    return _classification(model_name, info, plan, ui, device=device, precision=precision, data_dir=ddir,
+                           batch_size=batch_size, bins=bins, figures=figures, out=out, tsne_max=tsne_max, name=name,
+                           stride=stride, threshold=threshold)
+
+
+def _classification(model_name: str, info: ModelInfo, plan: Plan, ui, *, device: str, precision: str,
+                    data_dir: Optional[Path], batch_size: Optional[int], bins: int, figures: bool, out: Optional[str],
+                    tsne_max: Optional[int], name: str, stride: Optional[int], threshold: Optional[str]) -> EvalResult:
+    """The road of a classifier: the metrics of its problem type, and for single-label classes the
+    per-class scores, confusion matrix, calibration and figures."""
     out_dir = eval_output_dir(model_name, out)
     if out_dir is not None:
         check_writable_dir(out_dir, "--out folder" if out is not None else "run directory")
-    ddir = data_dir_from_env(data_dir)
-    if recipe.data.eval is not None:  # a local file is read (and refused) before any model loads
-        load_task_data(dataclasses.replace(recipe.data, train=None, label_names=None), seed=recipe.train.seed,
-                       label_type=None, required_columns=plan.objective_cls.required_columns, data_dir=ddir,
-                       need_train=False, need_eval=True)
-    sess = open_session(model_name, device=device, precision=precision, max_length=recipe.model.max_length,
-                        length_key="model.max_length")
-    model, path = sess.model, sess.path
-    if not model.has_classifier:
-        raise ModelError(f"model {path} has no classification head (an embedding model); `finetune eval` needs a "
-                         f"classifier — use `finetune embed`, or train one")
+    recipe, spec = plan.recipe, info.spec
     # The model says what it predicts (a folder someone else trained included): its problem type
-    # and its id2label decide how the evaluation labels are read.
-    spec = model.spec
+    # and its id2label decide how the evaluation labels are read (``train.metric`` is training's
+    # choice and plays no part here).
     lt = LABEL_TYPES.get(spec.problem_type, "class")
-    names = sess.label_names if lt in ("class", "multi") else None
-    # (``train.metric`` is training's choice: the model's problem type decides what is computed here)
-    plan = plan.with_recipe(dataclasses.replace(
-        recipe, data=dataclasses.replace(recipe.data, label_names=names),
-        model=dataclasses.replace(recipe.model, problem_type=spec.problem_type),
-        train=dataclasses.replace(recipe.train, metric=None)))
-    data = load_data(plan, ddir, need_train=False, need_eval=True)
+    names = info.label_names if lt in ("class", "multi") else None
+    data = load_task_data(dataclasses.replace(recipe.data, label_names=names), seed=recipe.train.seed,
+                          label_type=lt, required_columns=("text", "label"), data_dir=data_dir,
+                          need_train=False, need_eval=True)
     assert data.eval is not None
     for note in data.notes:
         ui.warn(note)
+    sess = open_session(model_name, device=device, precision=precision, max_length=recipe.model.max_length,
+                        length_key="model.max_length")
     # Cut as the model was trained (its saved model.truncation), or read in windows (``stride``).
     enc = sess.encode(data.eval, plan.text_columns, joint=plan.joint, stride=stride)
     if (note := sess.length_note(stride)) is not None:
@@ -107,8 +131,8 @@ def run_eval(model_name: str, plan: Plan, ui, *, device: str = "auto", precision
     metrics = task_metrics(lt, logits, labels, cut, left_out)
     for why in dict.fromkeys(left_out.values()):
         ui.warn(f"{', '.join(k for k, v in left_out.items() if v == why)} not computed: {why}")
-    res = EvalResult(model=path, data=data.eval.source, examples=enc.rows, metrics=metrics, precision=sess.precision,
-                     thresholds=per_label(cut, names or [], spec.problem_type))
+    res = EvalResult(model=sess.path, data=data.eval.source, examples=enc.rows, metrics=metrics,
+                     precision=sess.precision, thresholds=per_label(cut, names or [], spec.problem_type))
     if lt == "class":
         from finetune_cli.pipelines.eval_details import classification_details
 
@@ -116,6 +140,49 @@ def run_eval(model_name: str, plan: Plan, ui, *, device: str = "auto", precision
                                figures=figures, out_dir=out_dir, tsne_max=tsne_max,
                                seed=recipe.train.seed, name=name)
     return res
+
+
+def similarity_metrics(a: np.ndarray, b: np.ndarray, gold: np.ndarray, texts_a: list[str],
+                       texts_b: list[str]) -> dict[str, float]:
+    """Correlations on all pairs; alignment on pairs with gold ≥ 4/5 of the scale; uniformity on
+    every distinct sentence."""
+    m = correlations(cosine_scores(a, b), gold)
+    pos = gold >= positive_threshold(gold)
+    if pos.any():
+        m["alignment"] = alignment(a[pos], b[pos])
+    first: dict[str, np.ndarray] = {}
+    for t, e in zip(texts_a + texts_b, np.concatenate([a, b]), strict=True):
+        first.setdefault(t, e)
+    if len(first) > 1:
+        m["uniformity"] = uniformity(np.stack(list(first.values())))
+    m["positive_pairs"] = float(pos.sum())
+    return m
+
+
+def _similarity(model_name: str, plan: Plan, ui, *, device: str, precision: str, data_dir: Optional[Path],
+                batch_size: Optional[int], stride: Optional[int]) -> EvalResult:
+    """The road of a model evaluated by its embeddings: Spearman and Pearson of the pairs' cosines
+    against the gold scores, alignment and uniformity (Wang & Isola 2020)."""
+    if stride is not None:
+        raise DataError("--stride applies to a classifier; an embedding model is evaluated on sentence pairs, "
+                        "cut by model.truncation")
+    recipe = plan.recipe
+    table = load_similarity_data(recipe, data_dir)
+    if table is None:
+        raise DataError("no similarity data: set data.eval=FILE (text, text_pair and a gold score label)")
+    sess = open_session(model_name, device=device, precision=precision, max_length=recipe.model.max_length,
+                        length_key="model.max_length")
+    enc = sess.encode(table, ("text", "text_pair"), joint=False)
+    if (note := sess.length_note()) is not None:
+        ui.warn(f"{table.source}: {note}")
+    bs = batch_size or recipe.train.eval_batch_size
+    with ui.progress(len(enc), "embed", transient=True) as prog:
+        a = sess.forward(enc, bs, view=0, want=("embeddings",), progress=prog)["embeddings"]
+        b = sess.forward(enc, bs, view=1, want=("embeddings",))["embeddings"]
+    metrics = similarity_metrics(a, b, np.asarray(enc.labels, dtype=np.float64),
+                                 [str(x) for x in table.columns["text"]], [str(x) for x in table.columns["text_pair"]])
+    return EvalResult(model=sess.path, data=table.source, examples=len(enc), metrics=metrics,
+                      precision=sess.precision)
 
 
 def eval_output_dir(model_name: str, out: Optional[str]) -> Optional[Path]:
