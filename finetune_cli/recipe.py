@@ -31,7 +31,7 @@ PACKAGED_RECIPES = Path(__file__).resolve().parent / "recipes"
 # refuses negative ones.
 SEED_MAX = 2**63 - 1
 
-__all__ = ["RecipeError", "Recipe", "ProbeRecipe", "parse_recipe", "parse_probe_recipe", "build_recipe",
+__all__ = ["RecipeError", "Recipe", "parse_recipe", "parse_probe_recipe", "build_recipe",
            "build_probe_recipe", "apply_overrides", "resolve_recipe_path", "read_yaml"]
 
 
@@ -230,21 +230,76 @@ class _Plain:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
 
 
+# The sections of a probe recipe's ``probe:`` (see :class:`Recipe` and ``build_probe_recipe``).
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """Make a train/eval pair from one split (e.g. QNLI has only dev, QQP only a train slice)."""
+
+    source: Optional[str] = field_spec(None, choices=("train", "eval"), help="which split to cut in two; None = no cut")
+    eval_fraction: float = field_spec(0.2, gt=0.0, lt=1.0, help="share of the split's rows that become the eval part")
+    seed: Optional[int] = field_spec(None, ge=0, le=SEED_MAX, help="default: the task's data.seed, then train.seed")
+
+
+@dataclass(frozen=True)
+class ProbeTask:
+    """One named task: where its data is, and how much of it the stages and probes use."""
+
+    data: DataConfig = field_spec(default_factory=DataConfig, help="the task's data, with the keys of a training "
+                                  "recipe's `data` section")
+    split: SplitConfig = field_spec(default_factory=SplitConfig, help="cut one split into train/eval (seeded)")
+    probe_train_samples: Optional[int] = field_spec(None, gt=0, help="fit the probe on at most N train examples")
+
+
+@dataclass(frozen=True)
+class ClassifierConfig:
+    """The linear probe: L2 logistic regression on standardised pooled features."""
+
+    C: float = field_spec(1.0, gt=0, help="inverse L2 regularisation strength (scikit-learn's C)")
+    max_iter: int = field_spec(200, gt=0, help="fixed L-BFGS budget")
+    batch_size: int = field_spec(128, gt=0, help="feature-extraction batch size")
+
+
+@dataclass(frozen=True)
+class ProbeSection:
+    """The tasks a probe run trains on and probes, and the linear probe."""
+
+    tasks: dict = field_spec(default_factory=dict, help="name -> task")
+    sequence: list[str] = field_spec(default_factory=list, help="sequential: the task order (default: all tasks)")
+    source: Optional[str] = field_spec(None, help="generalization: the task to fine-tune on")
+    targets: list[str] = field_spec(default_factory=list, help="generalization: tasks probed (default: the others)")
+    cycles: int = field_spec(2, gt=0, help="retention: passes over the sequence")
+    keep_checkpoints: bool = field_spec(False, help="keep a finished stage's checkpoint-*/ folders (only needed to resume a stage)")
+    classifier: ClassifierConfig = field_spec(default_factory=ClassifierConfig, help=ClassifierConfig.__doc__)
+
+
 @dataclass(frozen=True)
 class Recipe(_Plain):
-    """A training recipe (``finetune train``)."""
+    """A recipe: what ``finetune train`` trains (``data`` names the data), or, with a ``probe``
+    section, what ``finetune probe`` trains stage by stage (its data named per task there)."""
 
     model: ModelConfig = field_spec(default_factory=ModelConfig, help=ModelConfig.__doc__)
     data: DataConfig = field_spec(default_factory=DataConfig, help=DataConfig.__doc__)
     objective: ObjectiveConfig = field_spec(default_factory=ObjectiveConfig, help=ObjectiveConfig.__doc__)
     train: TrainConfig = field_spec(default_factory=TrainConfig, help=TrainConfig.__doc__)
     output: OutputConfig = field_spec(default_factory=OutputConfig, help=OutputConfig.__doc__)
+    # A probe recipe (``finetune probe``) names its data per task here, and has no ``data``.
+    probe: Optional[ProbeSection] = field_spec(None, help=ProbeSection.__doc__)
     source: str = field(default="<defaults>", compare=False, metadata={"internal": True})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = to_plain(self)
+        if self.probe is None:  # a training recipe's tree (and fingerprint) as before probes were recipes
+            d.pop("probe")
+        else:
+            d.pop("data")
+        return d
 
     # ---- derived -------------------------------------------------------------------------
     @property
     def run_dir(self) -> Path:
-        return Path(self.output.dir) / (self.output.name or _stem(self.source, "run"))
+        """Where the run (or the probe's stages and results) goes."""
+        return Path(self.output.dir) / (self.output.name or _stem(self.source, "run" if self.probe is None else "probe"))
 
     def fingerprinted(self, ignore_seeds: bool = False) -> dict[str, Any]:
         """Everything that changes what a run computes (output location excluded), as a tree.
@@ -526,7 +581,7 @@ def apply_overrides(tree: dict[str, Any], overrides: Sequence[str]) -> dict[str,
                     break
             if isinstance(node, dict) and keys[-1] in node:
                 node.pop(keys[-1])
-            elif ov[1:] not in (known := [*_dotted(Recipe), *_dotted(ProbeRecipe), *_dotted(tree)]):
+            elif ov[1:] not in (known := [*_dotted(Recipe), *_dotted(tree)]):
                 # a key the recipe may hold but does not is already at its default; anything else is a typo
                 raise RecipeError(f"override `{ov}`: there is no key `{ov[1:]}` to drop"
                                   + did_you_mean(ov[1:], known, cutoff=0.6))
@@ -709,73 +764,20 @@ def _check_trackers(names: Sequence[str], src: str) -> None:
 
 
 # ---- probe recipes ----------------------------------------------------------------------------
-# A *probe recipe* (``finetune probe``) is an ordinary recipe (model, objective, train, output)
-# plus a ``probe:`` section naming tasks; each stage of a probe run trains an ordinary recipe
-# built by :func:`probe_stage_recipe`.
+# A *probe recipe* (``finetune probe``) is a :class:`Recipe` with a ``probe:`` section naming
+# tasks (:class:`ProbeSection`) and no ``data``; each stage of a probe run trains an ordinary
+# recipe built by :func:`probe_stage_recipe`.
 
-@dataclass(frozen=True)
-class SplitConfig:
-    """Make a train/eval pair from one split (e.g. QNLI has only dev, QQP only a train slice)."""
-
-    source: Optional[str] = field_spec(None, choices=("train", "eval"), help="which split to cut in two; None = no cut")
-    eval_fraction: float = field_spec(0.2, gt=0.0, lt=1.0, help="share of the split's rows that become the eval part")
-    seed: Optional[int] = field_spec(None, ge=0, le=SEED_MAX, help="default: the task's data.seed, then train.seed")
-
-
-@dataclass(frozen=True)
-class ProbeTask:
-    """One named task: where its data is, and how much of it the stages and probes use."""
-
-    data: DataConfig = field_spec(default_factory=DataConfig, help="the task's data, with the keys of a training "
-                                  "recipe's `data` section")
-    split: SplitConfig = field_spec(default_factory=SplitConfig, help="cut one split into train/eval (seeded)")
-    probe_train_samples: Optional[int] = field_spec(None, gt=0, help="fit the probe on at most N train examples")
-
-
-@dataclass(frozen=True)
-class ClassifierConfig:
-    """The linear probe: L2 logistic regression on standardised pooled features."""
-
-    C: float = field_spec(1.0, gt=0, help="inverse L2 regularisation strength (scikit-learn's C)")
-    max_iter: int = field_spec(200, gt=0, help="fixed L-BFGS budget")
-    batch_size: int = field_spec(128, gt=0, help="feature-extraction batch size")
-
-
-@dataclass(frozen=True)
-class ProbeSection:
-    """The tasks a probe run trains on and probes, and the linear probe."""
-
-    tasks: dict = field_spec(default_factory=dict, help="name -> task")
-    sequence: list[str] = field_spec(default_factory=list, help="sequential: the task order (default: all tasks)")
-    source: Optional[str] = field_spec(None, help="generalization: the task to fine-tune on")
-    targets: list[str] = field_spec(default_factory=list, help="generalization: tasks probed (default: the others)")
-    cycles: int = field_spec(2, gt=0, help="retention: passes over the sequence")
-    keep_checkpoints: bool = field_spec(False, help="keep a finished stage's checkpoint-*/ folders (only needed to resume a stage)")
-    classifier: ClassifierConfig = field_spec(default_factory=ClassifierConfig, help=ClassifierConfig.__doc__)
-
-
-@dataclass(frozen=True)
-class ProbeRecipe(_Plain):
-    """A probe recipe (``finetune probe``): a training recipe whose data is named per task under ``probe``."""
-
-    model: ModelConfig = field_spec(default_factory=ModelConfig, help=ModelConfig.__doc__)
-    objective: ObjectiveConfig = field_spec(default_factory=ObjectiveConfig, help=ObjectiveConfig.__doc__)
-    train: TrainConfig = field_spec(default_factory=TrainConfig, help=TrainConfig.__doc__)
-    output: OutputConfig = field_spec(default_factory=OutputConfig, help=OutputConfig.__doc__)
-    probe: ProbeSection = field_spec(default_factory=ProbeSection, help=ProbeSection.__doc__)
-    source: str = field(default="<defaults>", compare=False, metadata={"internal": True})
-
-    @property
-    def out_dir(self) -> Path:
-        return Path(self.output.dir) / (self.output.name or _stem(self.source, "probe"))
-
-
-def build_probe_recipe(data: Mapping[str, Any], source: str) -> ProbeRecipe:
-    """Validate a probe recipe with the recipe machinery (same errors, same suggestions)."""
+def build_probe_recipe(data: Mapping[str, Any], source: str) -> Recipe:
+    """Validate a probe recipe (a :class:`Recipe` with a ``probe`` section and no ``data``) with the
+    recipe machinery (same errors, same suggestions)."""
     probe = data.get("probe")
     raw_tasks = probe.get("tasks") if isinstance(probe, Mapping) else None
     probe_raw = {k: v for k, v in probe.items() if k != "tasks"} if isinstance(probe, Mapping) else probe
-    r = build_section(ProbeRecipe, {**data, "probe": probe_raw}, "", source)
+    if data.get("data") is not None:
+        raise RecipeError(f"`data` in {source}: a probe recipe names its data per task under `probe.tasks`")
+    r = build_section(Recipe, {**{k: v for k, v in data.items() if k != "data"}, "probe": probe_raw or {}}, "",
+                      source)
     if raw_tasks is None:
         raw_tasks = {}
     if not isinstance(raw_tasks, Mapping):
@@ -795,14 +797,11 @@ def build_probe_recipe(data: Mapping[str, Any], source: str) -> ProbeRecipe:
     return r
 
 
-def parse_probe_recipe(path: str | Path, overrides: Sequence[str] = ()) -> ProbeRecipe:
+def parse_probe_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
     """Read a probe recipe (schema checked; the objective's parameters as in :func:`parse_recipe`)."""
     data, src = read_recipe_source(path, overrides)
     if not is_probe_tree(data):
         raise RecipeError(f"recipe {path} has no `probe:` section (see recipes/probe_sequential.yaml)")
-    if data.get("data") is not None:
-        raise RecipeError(f"`data` in {path}: a probe recipe names its data per task under `probe.tasks`")
-    data.pop("data", None)
     return build_probe_recipe(data, src)
 
 
@@ -814,7 +813,7 @@ def task_data_config(task_dir: Path, meta: Mapping[str, Any]) -> DataConfig:
                       columns=dataclasses.replace(DataConfig().columns, text_pair="text_pair" if meta["pair"] else None))
 
 
-def probe_stage_recipe(r: ProbeRecipe, task: str, run_dir: Path, model_name: str,
+def probe_stage_recipe(r: Recipe, task: str, run_dir: Path, model_name: str,
                        objective: Optional[ObjectiveConfig] = None, meta: Optional[Mapping[str, Any]] = None) -> Recipe:
     """The ordinary training recipe for one stage (validated like any other recipe)."""
     obj = objective or r.objective

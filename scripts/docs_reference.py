@@ -146,11 +146,12 @@ def section_rows(cls: type, prefix: str, *, skip: tuple[type, ...] = ()) -> Iter
     hints = typing.get_type_hints(cls)
     for f in schema_fields(cls):
         key, tp = f"{prefix}.{f.name}", hints[f.name]
-        nested = dataclasses.is_dataclass(tp) and tp not in skip
+        # a section, or an optional one (``model.lora``: null until set): its keys follow its row
+        section = next((a for a in (tp, *typing.get_args(tp)) if dataclasses.is_dataclass(a)), None)
         default = "" if dataclasses.is_dataclass(tp) else code(yaml_value(default_of(f)))
         yield [code(key), md_text(type_name(tp), cell=True), default, allowed(f.metadata), md_text(f.metadata.get("help", ""), cell=True)]
-        if nested:
-            yield from section_rows(tp, key, skip=skip)
+        if section is not None and section not in skip:
+            yield from section_rows(section, key, skip=skip)
 
 
 KEY_HEADER = ["Key", "Type", "Default", "Allowed", "Meaning"]
@@ -243,9 +244,10 @@ def _sentence(doc: str | None) -> str:
 
 def recipe_reference() -> str:
     checkout_package()
-    from finetune_cli.recipe import DataConfig, ObjectiveConfig, ProbeRecipe, ProbeTask, Recipe
+    from finetune_cli.recipe import DataConfig, ObjectiveConfig, ProbeSection, ProbeTask, Recipe
 
     recipe_hints = typing.get_type_hints(Recipe)
+    training = [f for f in schema_fields(Recipe) if f.name != "probe"]
     out = ["# Recipe reference", "",
            GENERATED_NOTE.format(source="the recipe dataclasses in finetune_cli/recipe.py and the objectives' "
                                         "constructors and docstrings"), "",
@@ -256,26 +258,23 @@ def recipe_reference() -> str:
            "`finetune recipes validate FILE [OVERRIDES]` checks a recipe and prints it resolved.", "",
            "A key left out takes the default shown; `null` is YAML's null.", "",
            "## Training recipe", "",
-           f"{md_text(_sentence(Recipe.__doc__))}: the sections "
-           + ", ".join(f"[`{f.name}`](#{f.name})" for f in schema_fields(Recipe)) + "."]
-    for f in schema_fields(Recipe):
+           "A training recipe (`finetune train`) has the sections "
+           + ", ".join(f"[`{f.name}`](#{f.name})" for f in training) + "."]
+    for f in training:
         out += ["", f"### `{f.name}` {{#{f.name}}}", ""]
         if recipe_hints[f.name] is ObjectiveConfig:
             out.append(objective_section("####"))
             continue
         out += [md_text(f.metadata.get("help", "")), "", table(KEY_HEADER, list(section_rows(recipe_hints[f.name],
                                                                                             f.name)))]
-    probe_hints = typing.get_type_hints(ProbeRecipe)
-    shared = [f.name for f in schema_fields(ProbeRecipe) if f.name in recipe_hints]
+    shared = [f.name for f in training if f.name != "data"]
+    probe = next(f for f in schema_fields(Recipe) if f.name == "probe")
     out += ["", "## Probe recipe", "",
-            f"{md_text(_sentence(ProbeRecipe.__doc__))}. Its "
+            "A probe recipe (`finetune probe`) is a recipe with a `probe` section and no top-level `data`: its "
             + ", ".join(f"[`{n}`](#{n})" for n in shared)
-            + " sections are those of a training recipe; it has no top-level `data` and adds `probe`.", ""]
-    for f in schema_fields(ProbeRecipe):
-        if f.name in shared:
-            continue
-        out += [f"### `{f.name}` {{#{f.name}}}", "", md_text(f.metadata.get("help", "")), "",
-                table(KEY_HEADER, list(section_rows(probe_hints[f.name], f.name))), ""]
+            + " sections are those of a training recipe, and each task names its data under `probe.tasks`.", "",
+            "### `probe` {#probe}", "", md_text(probe.metadata.get("help", "")), "",
+            table(KEY_HEADER, list(section_rows(ProbeSection, "probe"))), ""]
     task_prefix = "probe.tasks.<name>"
     out += [f"### `{task_prefix}` {{#probe-task}}", "",
             f"{md_text(ProbeTask.__doc__ or '')} Its `data` takes the keys of the training recipe's "

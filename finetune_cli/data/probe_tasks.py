@@ -16,7 +16,7 @@ from finetune_cli.data import glue
 from finetune_cli.data.tasks import load_task_data, subsample
 from finetune_cli.errors import DataError
 from finetune_cli.fsutil import atomic_write_json, atomic_write_text
-from finetune_cli.recipe import DataConfig, ProbeRecipe, ProbeTask, RecipeError, closest
+from finetune_cli.recipe import DataConfig, ProbeTask, Recipe, RecipeError, closest
 
 
 def _label_names_for(d: DataConfig) -> Optional[list[str]]:
@@ -104,7 +104,7 @@ class Protocol:
     probed: list[str]  # tasks probed after each stage (matrix columns)
 
 
-def make_protocol(r: ProbeRecipe, mode: str, *, tasks: Optional[list[str]] = None, source: Optional[str] = None,
+def make_protocol(r: Recipe, mode: str, *, tasks: Optional[list[str]] = None, source: Optional[str] = None,
                   targets: Optional[list[str]] = None, cycles: Optional[int] = None) -> Protocol:
     known = list(r.probe.tasks)
     if not known:

@@ -39,7 +39,7 @@ from finetune_cli.pipelines.recipes import plan_for, validate_objective
 from finetune_cli.pipelines.train import run_train
 from finetune_cli.recipe import (
     ObjectiveConfig,
-    ProbeRecipe,
+    Recipe,
     RecipeError,
     probe_stage_recipe,
     to_plain,
@@ -62,7 +62,7 @@ def parse_variant(spec: str, where: str = "--objectives") -> ObjectiveConfig:
 
 # ---- probes and stages -------------------------------------------------------------------------
 
-def probe_encoder(model_name: str, tasks: dict[str, dict], r: ProbeRecipe, device: str = "auto") -> dict[str, float]:
+def probe_encoder(model_name: str, tasks: dict[str, dict], r: Recipe, device: str = "auto") -> dict[str, float]:
     """Freeze the encoder at ``model_name`` and probe every task in ``tasks`` (name -> meta). It runs
     in the inference session, so on the device and in the precision (``train.precision``) the
     stages train in."""
@@ -71,7 +71,7 @@ def probe_encoder(model_name: str, tasks: dict[str, dict], r: ProbeRecipe, devic
     return probe_model(sess, tasks, r)
 
 
-def probe_model(sess: InferenceSession, tasks: dict[str, dict], r: ProbeRecipe) -> dict[str, float]:
+def probe_model(sess: InferenceSession, tasks: dict[str, dict], r: Recipe) -> dict[str, float]:
     """Linear probes on the session model's pooled features; the encoder is only read (no_grad,
     eval mode)."""
     from finetune_cli.engine.rng import seed_everything
@@ -93,7 +93,7 @@ def probe_model(sess: InferenceSession, tasks: dict[str, dict], r: ProbeRecipe) 
     return out
 
 
-def _check_out_dir(r: ProbeRecipe, out: Path, overwrite: bool) -> None:
+def _check_out_dir(r: Recipe, out: Path, overwrite: bool) -> None:
     inputs = [*model_inputs(r.model.name), *((f"data of task {name}", resolve_path(f)) for name, t in r.probe.tasks.items()
                                               for f in (t.data.train, t.data.eval) if f and not f.startswith("data:"))]
     check_apart(out, inputs, "output folder", around=CWD)
@@ -107,13 +107,13 @@ def _check_out_dir(r: ProbeRecipe, out: Path, overwrite: bool) -> None:
     atomic_write_text(stored, yaml.safe_dump(job, sort_keys=False))
 
 
-def run_probe(r: ProbeRecipe, plan: Protocol, ui, *, variants: Optional[list[str]] = None, device: str = "auto",
+def run_probe(r: Recipe, plan: Protocol, ui, *, variants: Optional[list[str]] = None, device: str = "auto",
               data_dir: Optional[str] = None, overwrite: bool = False) -> dict[str, Any]:
     objectives = [(v, parse_variant(v)) for v in variants] if variants else [(r.objective.name, r.objective)]
     labels = [v for v, _ in objectives]
     if len(set(labels)) != len(labels):
         raise RecipeError(f"--objectives names the same variant twice ({', '.join(labels)})")
-    out = r.out_dir
+    out = r.run_dir
     _check_out_dir(r, out, overwrite)
     ddir = data_dir_from_env(data_dir)
     metas = {}

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, TypeVar, Union
+from typing import Any, Optional
 
 from finetune_cli.data.tasks import resolve_problem_type as resolve_data_problem
 from finetune_cli.errors import RecipeError
@@ -23,7 +23,6 @@ from finetune_cli.objectives import registry
 from finetune_cli.objectives.base import Objective
 from finetune_cli.recipe import (
     ObjectiveConfig,
-    ProbeRecipe,
     Recipe,
     build_probe_recipe,
     build_recipe,
@@ -34,7 +33,6 @@ from finetune_cli.recipe import (
     read_recipe_source,
 )
 
-R = TypeVar("R", Recipe, ProbeRecipe)
 
 @dataclass(frozen=True)
 class Plan:
@@ -93,12 +91,12 @@ class Plan:
 
 # ---- resolving ---------------------------------------------------------------------------------
 
-def resolve_problem_type(recipe: Union[Recipe, ProbeRecipe], cls: type[Objective]) -> Optional[str]:
+def resolve_problem_type(recipe: Recipe, cls: type[Objective]) -> Optional[str]:
     """``model.problem_type`` with ``auto`` resolved, checked against the objective."""
     requested = recipe.model.problem_type
     if requested is None:
         return None
-    data = getattr(recipe, "data", None)
+    data = recipe.data if recipe.probe is None else None  # a probe recipe's data is per task
     problem = resolve_data_problem(data, requested) if data is not None else (
         "single_label_classification" if requested == "auto" else requested)
     if cls.needs_classifier and problem not in cls.problem_types:
@@ -121,7 +119,7 @@ def validate_objective(obj: ObjectiveConfig, where: str = "objective", src: str 
     return ObjectiveConfig(name=obj.name, params=registry.validate_params(obj.name, obj.params, where=where, src=src))
 
 
-def validate_recipe(recipe: R) -> R:
+def validate_recipe(recipe: Recipe) -> Recipe:
     """A parsed recipe (training or probe) with its objective checked, ``model.problem_type``
     resolved and ``train.metric`` known to be computed by the objective's evaluation. Idempotent."""
     obj = validate_objective(recipe.objective, src=recipe.source)
@@ -187,11 +185,11 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recip
     return load_plan(path, overrides).recipe
 
 
-def load_probe_recipe(path: str | Path, overrides: Sequence[str] = ()) -> ProbeRecipe:
+def load_probe_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
     return validate_recipe(parse_probe_recipe(path, overrides))
 
 
-def load_any(path: str | Path, overrides: Sequence[str] = ()) -> Union[Recipe, ProbeRecipe]:
+def load_any(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
     """For ``finetune recipes list|validate``, which accept both kinds."""
     data, src = read_recipe_source(path, overrides)
     if is_probe_tree(data):

@@ -333,3 +333,19 @@ def test_the_trainer_keeps_the_loop_only():
     ``engine/setup.py``, ``engine/state.py``, the Checkpointer and the metrics log."""
     n = len((PKG / "engine" / "trainer.py").read_text(encoding="utf-8").splitlines())
     assert n <= MAX_TRAINER_LINES, f"engine/trainer.py: {n} lines"
+
+
+def test_one_recipe_type_for_training_and_probes():
+    """A probe recipe is a :class:`Recipe` with a ``probe`` section: no second recipe class whose
+    sections and rules could drift from the training recipe's."""
+    import dataclasses
+
+    from finetune_cli import recipe as recipe_mod
+    from finetune_cli.pipelines.recipes import load_probe_recipe
+
+    recipes = [c for c in vars(recipe_mod).values() if isinstance(c, type) and dataclasses.is_dataclass(c)
+               and {"model", "objective", "train"} <= {f.name for f in dataclasses.fields(c)}]
+    assert recipes == [recipe_mod.Recipe]
+    r = load_probe_recipe("probe_sequential")
+    assert type(r) is recipe_mod.Recipe and r.probe is not None and "data" not in r.to_dict()
+    assert "probe" not in recipe_mod.parse_recipe("quickstart").to_dict()  # a training recipe's tree as before
