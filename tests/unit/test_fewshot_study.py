@@ -293,3 +293,38 @@ def test_multiclass_tasks_load_with_their_class_names(tmp_path, task, classes):
     from finetune_cli.pipelines.recipes import load_plan
 
     load_plan("fewshot/fastfit", over)  # the row's recipe validates with the names
+
+
+def test_cost_bench_interleaves_every_recipe_with_setfit_at_every_n(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """bench/fewshot_cost.py (smoke size): every configuration, SetFit first, at each N, a row each with
+    its paired ratio to SetFit; SetFit itself is stubbed here (a sleep) where it is not installed."""
+    import time as _time
+
+    study = load_study()
+    spec = importlib.util.spec_from_file_location("fewshot_cost", REPO / "bench" / "fewshot_cost.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    calls = []
+
+    def fake_setfit(texts, labels, evals, model_path, seed, max_length, **kw):
+        calls.append((len(texts), seed))
+        _time.sleep(0.05)
+        return {k: {"accuracy": 0.5} for k in evals}
+
+    monkeypatch.setattr(study.fa, "run_setfit", fake_setfit)
+    bench.fs = study
+    data = fake_data(tmp_path / "d")
+    out_json = tmp_path / "cost.json"
+    assert bench.main(["--tasks", "sst2", "--shots", "2,3", "--rounds", "2", "--configs", "ce,fastfit",
+                       "--max-steps", "2", "--model", str(tiny_model_dir), "--data-dir", str(data),
+                       "--json", str(out_json)]) == 0
+    assert sorted(calls) == [(4, 1), (4, 2), (6, 1), (6, 2)]  # N a class x 2 classes, one draw per round
+    runs = json.loads(out_json.read_text())["runs"]
+    assert set(runs) == {"sst2/n2", "sst2/n3"}
+    for cell in runs.values():
+        assert set(cell) == {"setfit", "ce", "fastfit"} and all(len(v) == 2 for v in cell.values())
+        assert all(r["steps"] == 2 for row in ("ce", "fastfit") for r in cell[row])
+    printed = capsys.readouterr().out
+    assert "sst2, N = 2 a class, 2 rounds" in printed and "sst2, N = 3 a class, 2 rounds" in printed
+    assert printed.count("| ce |") == 2 and printed.count("| setfit |") == 2
+    assert "| setfit | " in printed and " 1.00 (1.00–1.00) |" in printed  # SetFit's ratio to itself
