@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from finetune_cli.cli.common import (
+    CudaGraphsOpt,
     DeviceOpt,
     JsonOpt,
     ModelArg,
@@ -37,6 +38,7 @@ def embed_cmd(
     normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="L2-normalise the embeddings. Default: as the folder's sentence-transformers modules say (a Normalize module), else no.", show_default=False)] = None,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
+    cuda_graphs: CudaGraphsOpt = "off",
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -49,6 +51,6 @@ def embed_cmd(
                             "the model)" if input is None else "finetune embed: the sentences are given twice "
                             f"({input_arg} and --input {input}); keep one")
     res = run_embed(model, input or input_arg or "", output, ui, column=column, batch_size=batch_size, max_length=max_length,
-                    normalize=normalize, device=device, precision=precision)
+                    normalize=normalize, device=device, precision=precision, cuda_graphs=cuda_graphs)
     return View(res.to_dict(), lambda ui: ui.print(
         f"wrote {res.output} ({res.sentences} x {res.dim})" + (f" and {res.ids_file}" if res.ids_file else "")))

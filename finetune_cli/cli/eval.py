@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from finetune_cli.cli.common import (
+    CudaGraphsOpt,
     DataDirOpt,
     DeviceOpt,
     ExpectOpt,
@@ -33,6 +34,7 @@ def eval_cmd(
         "--recipe", "-r", help="Recipe naming the evaluation data (default: the run directory's own).")] = None,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
+    cuda_graphs: CudaGraphsOpt = "off",
     data_dir: DataDirOpt = None,
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", min=1)] = None,
     bins: Annotated[int, typer.Option("--bins", min=1, help="Equal-width confidence bins for ECE/MCE.")] = 15,
@@ -56,7 +58,8 @@ def eval_cmd(
     name = "eval" if recipe is None or out is not None else f"eval-{Path(recipe).stem}"
     res = evaluate(model, eval_plan(model, recipe, overrides or []), ui, device=device, precision=precision,
                    data_dir=data_dir, batch_size=batch_size, bins=bins, figures=not no_figures, out=out,
-                   tsne_max=tsne_max, name=name, stride=stride, threshold=threshold)
+                   tsne_max=tsne_max, name=name, stride=stride, threshold=threshold,
+                   cuda_graphs=cuda_graphs)
     gated = {**res.metrics, **{k: res.calibration[k] for k in CALIBRATION_METRICS
                                if res.calibration and res.calibration.get(k) is not None}}
     return View(res.to_dict(), lambda ui: _render(res, ui), gated=lambda: gated)

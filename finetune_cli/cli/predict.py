@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from finetune_cli.cli.common import (
+    CudaGraphsOpt,
     DeviceOpt,
     JsonOpt,
     PrecisionOpt,
@@ -38,6 +39,7 @@ def predict_cmd(
     threshold: ThresholdOpt = None,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
+    cuda_graphs: CudaGraphsOpt = "off",
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -46,7 +48,7 @@ def predict_cmd(
     from finetune_cli.pipelines.predict import run_predict
 
     res = run_predict(model, input, output, ui, column=column, pair_column=pair_column, batch_size=batch_size,
-                      max_length=max_length, device=device, precision=precision, truncation=truncation, stride=stride,
+                      max_length=max_length, device=device, precision=precision, truncation=truncation, stride=stride, cuda_graphs=cuda_graphs,
                       threshold=threshold)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(res.predicted.items()))
     return View(res.to_dict(), lambda ui: ui.print(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -24,6 +24,7 @@ from finetune_cli.data.encode import EncodedData, collate, encode_table, length_
 from finetune_cli.data.sampling import sorted_batches
 from finetune_cli.data.sources import Table
 from finetune_cli.engine.device import autocast_dtype, resolve_device, resolve_precision
+from finetune_cli.engine.step import GRAPH_MULTIPLE
 from finetune_cli.errors import DataError, DeviceError, TrainingError
 from finetune_cli.models.exporters import exported_as
 from finetune_cli.models.loading import (
@@ -54,20 +55,24 @@ def sharded(procs) -> Iterator[None]:
 
 def forward_all(model, data: EncodedData, batch_size: int, pad_id: int, device: Optional[torch.device] = None,
                 view: int = 0, want: tuple[str, ...] = ("logits",), progress=None,
-                autocast_dtype: Optional[torch.dtype] = None) -> dict[str, np.ndarray]:
+                autocast_dtype: Optional[torch.dtype] = None,
+                graphs: Optional[GraphedForward] = None) -> dict[str, np.ndarray]:
     """Run ``model`` over every example of ``data`` (one view), longest first, and return the
     requested outputs (``logits``, ``embeddings``) as float32 arrays in the original order.
 
     Outputs stay on the device until the end (one transfer, no host sync per batch), under
     ``torch.inference_mode``; ``autocast_dtype`` (e.g. bf16 on a GPU) runs the encoder in it.
+    ``graphs``: run each batch through :class:`GraphedForward` (every batch padded to
+    ``batch_size`` rows and a bucket width, one captured forward per width).
     """
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
     batches = sorted_batches(data.lengths, batch_size)
     outs: dict[str, list[torch.Tensor]] = {k: [] for k in want}
-    cast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
-            else contextlib.nullcontext())
+    # (autocast's weight cache stays off under a graph: a capture must not keep casts made outside it)
+    cast = (torch.autocast(device.type, dtype=autocast_dtype, cache_enabled=graphs is None)
+            if autocast_dtype is not None else contextlib.nullcontext())
     done = 0
     procs = _SHARD.get()
     if procs is not None:  # sharded evaluation: this process scores every world-th batch
@@ -75,10 +80,15 @@ def forward_all(model, data: EncodedData, batch_size: int, pad_id: int, device: 
     try:
         with torch.inference_mode(), cast:
             for idx in batches:
-                batch = to_device(collate(data, idx, pad_id), device)
-                res = model(batch["features"][view])
+                if graphs is None:
+                    batch = to_device(collate(data, idx, pad_id), device)
+                    out = model(batch["features"][view])
+                    res = {k: getattr(out, k) for k in want}
+                else:
+                    res = graphs(collate(data, graphs.rows_of(idx), pad_id, GRAPH_MULTIPLE, graphs.max_width),
+                                 view, len(idx))
                 for k in want:
-                    v = getattr(res, k)
+                    v = res.get(k)
                     if v is not None:
                         outs[k].append(v.float())
                 done += len(idx)
@@ -103,6 +113,76 @@ def forward_all(model, data: EncodedData, batch_size: int, pad_id: int, device: 
         arr[order] = host
         placed[k] = arr
     return placed
+
+
+class GraphedForward:
+    """Inference forwards replayed from CUDA graphs: each batch is padded to ``rows`` rows (the last
+    row repeated) and to a bucket width (a multiple of :data:`~finetune_cli.engine.step.GRAPH_MULTIPLE`,
+    at most ``max_width``), so a whole evaluation meets a handful of shapes; the model's forward of
+    each shape is captured once (after a warm-up off the graph), the graphs share one memory pool,
+    and every batch is copied into the captured inputs and replayed: one launch instead of hundreds.
+    Padding changes no output (the attention mask hides padded tokens; the padded rows are dropped).
+    ``capture=False`` (the CPU) runs the same padded batches eagerly, which the tests compare.
+    """
+
+    def __init__(self, model, device: torch.device, rows: int, max_width: int, capture: bool = True):
+        self.model, self.device, self.rows, self.max_width, self.capture = model, device, rows, max_width, capture
+        self.graphs: dict[tuple, tuple[Any, Any, dict[str, Any]]] = {}  # shape key -> (graph, inputs, outputs)
+        self.pool: Any = None
+        self.capture_s = 0.0
+
+    def rows_of(self, idx: list[int]) -> list[int]:
+        return list(idx) + [idx[-1]] * (self.rows - len(idx))
+
+    def _outputs(self, features: dict[str, torch.Tensor]) -> dict[str, Optional[torch.Tensor]]:
+        res = self.model(features)
+        return {"logits": res.logits, "embeddings": res.embeddings}
+
+    def __call__(self, batch: dict[str, Any], view: int, n: int) -> dict[str, Optional[torch.Tensor]]:
+        """The outputs of the first ``n`` rows of a padded host batch (copies: the next replay
+        overwrites the graph's own)."""
+        features = batch["features"][view]
+        if not self.capture:
+            out = self._outputs(to_device(features, self.device))
+        else:
+            from finetune_cli.engine.step import _copy_into, _shape_key
+
+            key = _shape_key(features)
+            if key not in self.graphs:
+                self.graphs[key] = self._capture(features)
+            graph, static, out = self.graphs[key]
+            _copy_into(static, features)
+            graph.replay()
+        return {k: None if v is None else v[:n].clone() for k, v in out.items()}
+
+    def _capture(self, features: dict[str, torch.Tensor]) -> tuple[Any, Any, dict[str, Any]]:
+        import time
+
+        t0 = time.perf_counter()
+        static = to_device({k: v.clone() for k, v in features.items()}, self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # warm-up off the graph (cuBLAS workspaces, kernel choices)
+            for _ in range(2):
+                self._outputs(static)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self._outputs(static)
+        self.pool = graph.pool()
+        self.capture_s += time.perf_counter() - t0
+        return graph, static, out
+
+
+def inference_graph_refusal(device: torch.device, exported: bool) -> Optional[str]:
+    """Why this session's forwards cannot be captured as CUDA graphs, or None."""
+    from finetune_cli.engine.step import device_can_capture
+
+    if exported:
+        return "an exported folder runs in its own runtime"
+    if not device_can_capture(device):
+        return f"the model runs on {device.type}, not on a CUDA GPU"
+    return None
 
 
 def pad_id(tokenizer) -> int:
@@ -141,6 +221,8 @@ class InferenceSession:
     st: Optional[Any] = None
     truncation: str = "head"  # model.truncation: how a row longer than max_length is cut
     length_key: str = "max_length"  # how the length is named in messages
+    use_graphs: bool = False  # forwards replayed from CUDA graphs (``--cuda-graphs``), one set per batch size
+    _graphs: dict = field(default_factory=dict)
     # rows this session encoded, and of them the ones longer than max_length (see ``length_note``)
     _rows: int = 0
     _cut: int = 0
@@ -202,8 +284,12 @@ class InferenceSession:
         """:func:`forward_all` on the session's device, pad id and precision; running out of device
         memory is one line naming ``--batch-size``."""
         try:
+            graphs = None
+            if self.use_graphs:
+                graphs = self._graphs.setdefault(batch_size, GraphedForward(self.model, self.device, batch_size,
+                                                                            self.max_length))
             outs = forward_all(self.model, data, batch_size, self.pad_id, self.device, view=view, want=want,
-                               progress=progress, autocast_dtype=autocast_dtype(self.precision))
+                               progress=progress, autocast_dtype=autocast_dtype(self.precision), graphs=graphs)
             return outs if data.window_rows is None else {k: mean_by_row(v, data.window_rows, data.rows)
                                                           for k, v in outs.items()}
         except torch.cuda.OutOfMemoryError:  # = torch.OutOfMemoryError; this name on every torch >= 2.2
@@ -256,7 +342,8 @@ class _Offset:
 
 def open_session(model_name: str, *, device: str = "auto", precision: str = "auto", max_length: Optional[int] = None,
                  length_key: str = "--max-length", embedding: bool = False,
-                 truncation: Optional[str] = None, heads: Optional[HeadSpec] = None) -> InferenceSession:
+                 truncation: Optional[str] = None, heads: Optional[HeadSpec] = None,
+                 cuda_graphs: str = "off") -> InferenceSession:
     """Load ``model_name`` (run directory, model folder, LoRA adapter folder (its adapters folded in),
     ONNX folder (run in onnxruntime), ``embedded`` or hub id) for inference.
 
@@ -268,11 +355,22 @@ def open_session(model_name: str, *, device: str = "auto", precision: str = "aut
     ``heads``: the heads to read the model with (the probe's encoder with the recipe's pooling and no
     classifier), instead of what the folder says.
     ``truncation`` None is the rule the folder was trained with (``finetune_model.json``), else ``head``.
+    ``cuda_graphs`` (``--cuda-graphs``): ``on`` replays the forwards from CUDA graphs
+    (:class:`GraphedForward`; refused in one line where they cannot run), ``auto`` where they can,
+    ``off`` never.
     """
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
     st = None
     exported = exported_as(model_name)
+    use_graphs = False
+    if cuda_graphs not in ("off", "auto", "on"):
+        raise DeviceError(f"--cuda-graphs {cuda_graphs}: choose off, auto or on")
+    if cuda_graphs != "off":
+        why = inference_graph_refusal(dev, exported is not None)
+        if why is not None and cuda_graphs == "on":
+            raise DeviceError(f"--cuda-graphs on: {why}; use --cuda-graphs auto or off")
+        use_graphs = why is None
     if exported is not None:  # an exported graph (ONNX), run in its own runtime (onnxruntime)
         if precision not in ("auto", "fp32"):
             raise DeviceError(f"--precision {precision}: an {exported.name.upper()} folder runs in the precision "
@@ -292,4 +390,5 @@ def open_session(model_name: str, *, device: str = "auto", precision: str = "aut
         merge_lora(model)
     model.to(dev).eval()
     return InferenceSession(model, tokenizer, path, dev, prec, max_length, st,
-                            truncation=truncation or default_truncation(path), length_key=length_key)
+                            truncation=truncation or default_truncation(path), length_key=length_key,
+                            use_graphs=use_graphs)

@@ -104,7 +104,7 @@ def _sink(out: Path, ids_file: Optional[Path], rows: int
 
 def run_embed(model_name: str, input_path: str, output: str, ui, *, column: Optional[str] = None,
               fmt: str = "auto", batch_size: int = 64, max_length: Optional[int] = None,
-              normalize: Optional[bool] = None, device: str = "auto", precision: str = "auto",
+              normalize: Optional[bool] = None, device: str = "auto", precision: str = "auto", cuda_graphs: str = "off",
               chunk_rows: int = CHUNK_ROWS) -> EmbedResult:
     """``max_length``/``normalize`` None: what the folder says (a sentence-transformers folder's
     ``max_seq_length`` and ``Normalize`` module, else the trained length and no normalisation)."""
@@ -116,7 +116,8 @@ def run_embed(model_name: str, input_path: str, output: str, ui, *, column: Opti
         check_apart(written, [("input file", resolve_path(input_path)), *model_inputs(model_name, whole_run=False)],
                     "--output")
     tf, key, rows = open_sentences(input_path, column, fmt, chunk_rows)
-    sess = open_session(model_name, device=device, precision=precision, max_length=max_length, embedding=True)
+    sess = open_session(model_name, device=device, precision=precision, max_length=max_length, embedding=True,
+                        cuda_graphs=cuda_graphs)
     if normalize is None:
         normalize = bool(sess.st is not None and sess.st.normalize)
     ids_file = out.with_suffix(".ids.npy") if out.suffix == ".npy" else None

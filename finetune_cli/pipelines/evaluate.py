@@ -71,7 +71,8 @@ def eval_plan(model: str, recipe_path: Optional[str], overrides: list[str]) -> P
 def evaluate(model_name: str, plan: Plan, ui, *, device: str = "auto", precision: str = "auto",
              data_dir: Optional[str] = None, batch_size: Optional[int] = None, bins: int = DEFAULT_BINS,
              figures: bool = True, out: Optional[str] = None, tsne_max: Optional[int] = 2000,
-             name: str = "eval", stride: Optional[int] = None, threshold: Optional[str] = None) -> EvalResult:
+             name: str = "eval", stride: Optional[int] = None, threshold: Optional[str] = None,
+             cuda_graphs: str = "off") -> EvalResult:
     """``finetune eval``: the evaluation keyed by what the model is (:func:`describe_model`, read
     before any weight): a classifier by its problem type (its labels read with its own
     ``id2label``), a model without a classifier (or any model under a recipe whose objective
@@ -89,15 +90,16 @@ def evaluate(model_name: str, plan: Plan, ui, *, device: str = "auto", precision
             raise DataError(f"--threshold {threshold}: {model_name} is evaluated as an embedding model; the "
                             f"threshold decides the labels of a multi_label_classification model only")
         return _similarity(model_name, plan, ui, device=device, precision=precision, data_dir=ddir,
-                           batch_size=batch_size, stride=stride)
+                           batch_size=batch_size, stride=stride, cuda_graphs=cuda_graphs)
     return _classification(model_name, info, plan, ui, device=device, precision=precision, data_dir=ddir,
                            batch_size=batch_size, bins=bins, figures=figures, out=out, tsne_max=tsne_max, name=name,
-                           stride=stride, threshold=threshold)
+                           stride=stride, threshold=threshold, cuda_graphs=cuda_graphs)
 
 
 def _classification(model_name: str, info: ModelInfo, plan: Plan, ui, *, device: str, precision: str,
                     data_dir: Optional[Path], batch_size: Optional[int], bins: int, figures: bool, out: Optional[str],
-                    tsne_max: Optional[int], name: str, stride: Optional[int], threshold: Optional[str]) -> EvalResult:
+                    tsne_max: Optional[int], name: str, stride: Optional[int], threshold: Optional[str],
+                    cuda_graphs: str) -> EvalResult:
     """The road of a classifier: the metrics of its problem type, and for single-label classes the
     per-class scores, confusion matrix, calibration and figures."""
     out_dir = eval_output_dir(model_name, out)
@@ -116,7 +118,7 @@ def _classification(model_name: str, info: ModelInfo, plan: Plan, ui, *, device:
     for note in data.notes:
         ui.warn(note)
     sess = open_session(model_name, device=device, precision=precision, max_length=recipe.model.max_length,
-                        length_key="model.max_length")
+                        length_key="model.max_length", cuda_graphs=cuda_graphs)
     # Cut as the model was trained (its saved model.truncation), or read in windows (``stride``).
     enc = sess.encode(data.eval, plan.text_columns, joint=plan.joint, stride=stride)
     if (note := sess.length_note(stride)) is not None:
@@ -160,7 +162,7 @@ def similarity_metrics(a: np.ndarray, b: np.ndarray, gold: np.ndarray, texts_a: 
 
 
 def _similarity(model_name: str, plan: Plan, ui, *, device: str, precision: str, data_dir: Optional[Path],
-                batch_size: Optional[int], stride: Optional[int]) -> EvalResult:
+                batch_size: Optional[int], stride: Optional[int], cuda_graphs: str) -> EvalResult:
     """The road of a model evaluated by its embeddings: Spearman and Pearson of the pairs' cosines
     against the gold scores, alignment and uniformity (Wang & Isola 2020)."""
     if stride is not None:
@@ -171,7 +173,7 @@ def _similarity(model_name: str, plan: Plan, ui, *, device: str, precision: str,
     if table is None:
         raise DataError("no similarity data: set data.eval=FILE (text, text_pair and a gold score label)")
     sess = open_session(model_name, device=device, precision=precision, max_length=recipe.model.max_length,
-                        length_key="model.max_length")
+                        length_key="model.max_length", cuda_graphs=cuda_graphs)
     enc = sess.encode(table, ("text", "text_pair"), joint=False)
     if (note := sess.length_note()) is not None:
         ui.warn(f"{table.source}: {note}")

@@ -84,7 +84,7 @@ def _output_columns(spec, labels: list[str], src: _Input, input_path: str) -> tu
 
 def run_predict(model_name: str, input_path: str, output: str, ui, *, column: str = "text",
                 pair_column: Optional[str] = None, batch_size: int = 64, max_length: Optional[int] = None,
-                device: str = "auto", precision: str = "auto", chunk_rows: int = CHUNK_ROWS,
+                device: str = "auto", precision: str = "auto", cuda_graphs: str = "off", chunk_rows: int = CHUNK_ROWS,
                 truncation: Optional[str] = None, stride: Optional[int] = None,
                 threshold: Optional[str] = None) -> PredictResult:
     """``truncation`` None: the rule the model was trained with; ``stride``: long rows read in
@@ -99,7 +99,8 @@ def run_predict(model_name: str, input_path: str, output: str, ui, *, column: st
                         "by --truncation instead (the longer text first)")
     parse_threshold(threshold)
     src = _check_input(input_path, output, [c for c in (column, pair_column) if c is not None], chunk_rows)
-    sess = open_session(model_name, device=device, precision=precision, max_length=max_length, truncation=truncation)
+    sess = open_session(model_name, device=device, precision=precision, max_length=max_length, truncation=truncation,
+                        cuda_graphs=cuda_graphs)
     model, path = sess.model, sess.path
     if not model.has_classifier:
         raise ModelError(f"{path} is an embedding model (no classification head); use `finetune embed {model_name} "

@@ -294,3 +294,43 @@ def test_graphs_auto_falls_back_with_one_line_for_an_objective_that_cannot_be_ca
     assert len(lines) == 1 and "crop=0.5" in lines[0], p.stderr[-2000:]
     s = json.loads((runs / "quickstart" / "summary.json").read_text())
     assert s["cuda_graphs"] is None and s["steps"] == 4
+
+
+def test_inference_graphs_give_the_eager_outputs_and_are_faster(trained, texts, tmp_path):
+    """`--cuda-graphs on` for predict and embed (bf16): the same labels and embeddings as eager
+    (bf16 tolerance), a handful of graphs (one per padded width), and the time of each."""
+    import time
+
+    run, _ = trained
+    got, secs = {}, {}
+    for mode in ("off", "on"):
+        dest = tmp_path / f"pred-{mode}.jsonl"
+        t0 = time.perf_counter()
+        ok(cli("predict", str(run), "-i", str(texts), "-o", str(dest), "-c", "sentence", "--device", "cuda",
+               "--cuda-graphs", mode, "-q"))
+        secs[f"predict_{mode}"] = time.perf_counter() - t0
+        got[f"pred-{mode}"] = [r["pred_label"] for r in rows(dest)]
+        dest = tmp_path / f"emb-{mode}.npy"
+        t0 = time.perf_counter()
+        ok(cli("embed", "embedded", str(texts), "-o", str(dest), "-c", "sentence", "--device", "cuda",
+               "--cuda-graphs", mode, "-q"))
+        secs[f"embed_{mode}"] = time.perf_counter() - t0
+        got[f"emb-{mode}"] = np.load(dest)
+    agree = np.mean([a == b for a, b in zip(got["pred-off"], got["pred-on"], strict=True)])
+    assert agree >= 0.995, agree
+    a, b = got["emb-off"], got["emb-on"]
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert cos.min() >= 0.99, cos.min()
+    from finetune_cli.engine.inference import open_session
+
+    sess = open_session("embedded", device="cuda", cuda_graphs="on", embedding=True)
+    enc = sess.encode_texts([("word " * n).strip() for n in range(1, 120)])
+    eager = open_session("embedded", device="cuda", embedding=True).forward(enc, 32, want=("embeddings",))
+    replay = sess.forward(enc, 32, want=("embeddings",))
+    (graphs,) = sess._graphs.values()
+    assert 1 <= len(graphs.graphs) <= 4  # widths 32, 64, 96, 128
+    c = (eager["embeddings"] * replay["embeddings"]).sum(1) / np.linalg.norm(eager["embeddings"], axis=1) / \
+        np.linalg.norm(replay["embeddings"], axis=1)
+    assert c.min() >= 0.99, c.min()
+    report(test="inference_graphs", label_agreement=float(agree), embed_cos_min=float(cos.min()),
+           graphs=len(graphs.graphs), capture_s=graphs.capture_s, **{k: round(v, 2) for k, v in secs.items()})

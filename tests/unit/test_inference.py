@@ -178,3 +178,51 @@ def test_eval_predict_embed_accept_precision_and_fp32_is_the_cpu_default(tiny_re
     e0, e1, e2 = (np.load(tmp_path / f"e{i}.npy") for i in range(3))
     np.testing.assert_array_equal(e0, e1)
     assert np.allclose(e0, e2, atol=0.1) and not np.array_equal(e0, e2)  # bf16 reached the model
+
+
+# ---- the graph path of inference (--cuda-graphs) ------------------------------------------------
+
+def test_bucketed_forward_pads_rows_and_widths_without_changing_any_output(model_and_data):
+    """The batches of the graph path (``capture=False``: the same padded batches, run eagerly): every
+    batch is `batch_size` rows (the last row repeated) by a multiple of 32 tokens, and every output
+    equals the plain path's (fp32, 1e-6)."""
+    from finetune_cli.engine.inference import GraphedForward
+
+    model, data, rows = model_and_data
+    model.eval()
+    shapes = []
+    model.register_forward_pre_hook(lambda m, args: shapes.append(tuple(args[0]["input_ids"].shape)))
+    ref = forward_all(model, data, 8, 0, want=("logits", "embeddings"))
+    plain = list(shapes)
+    shapes.clear()
+    graphs = GraphedForward(model, torch.device("cpu"), rows=8, max_width=40, capture=False)
+    got = forward_all(model, data, 8, 0, want=("logits", "embeddings"), graphs=graphs)
+    for k in ("logits", "embeddings"):
+        np.testing.assert_allclose(got[k], ref[k], rtol=0, atol=1e-6)
+    assert len(shapes) == len(plain) == 5  # 37 rows in batches of 8
+    assert {s[0] for s in shapes} == {8} and {s[1] for s in shapes} <= {32, 40}  # 32 or the cap
+    assert len({s[1] for s in plain}) > len({s[1] for s in shapes})  # fewer shapes: fewer graphs
+
+
+def test_cuda_graphs_option_on_a_cpu(tiny_model_dir, tmp_path):
+    """`on` is refused in one line where graphs cannot run; `auto` runs eagerly there, as `off`."""
+    from tests.unit._cli import invoke, one_error_line
+
+    with pytest.raises(DeviceError, match=r"^--cuda-graphs on: the model runs on cpu, not on a CUDA GPU; use "):
+        open_session(str(tiny_model_dir), device="cpu", cuda_graphs="on")
+    with pytest.raises(DeviceError, match=r"^--cuda-graphs sometimes: choose off, auto or on"):
+        open_session(str(tiny_model_dir), device="cpu", cuda_graphs="sometimes")
+    assert not open_session(str(tiny_model_dir), device="cpu", cuda_graphs="auto").use_graphs
+    src = tmp_path / "in.txt"
+    src.write_text("a fine day\nrain again\n")
+    outs = {}
+    for mode in ("off", "auto"):
+        res = invoke("embed", str(tiny_model_dir), str(src), "--output", str(tmp_path / f"{mode}.npy"),
+                     "--cuda-graphs", mode, "--device", "cpu", "-q")
+        assert res.exit_code == 0, res.output
+        outs[mode] = np.load(tmp_path / f"{mode}.npy")
+    np.testing.assert_array_equal(outs["off"], outs["auto"])
+    res = invoke("embed", str(tiny_model_dir), str(src), "--output", str(tmp_path / "on.npy"), "--cuda-graphs", "on",
+                 "--device", "cpu", "-q")
+    assert res.exit_code == 2 and one_error_line(res).endswith("use --cuda-graphs auto or off")
+    assert not (tmp_path / "on.npy").exists()
