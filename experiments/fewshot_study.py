@@ -7,8 +7,9 @@ Protocol:
 
 * tasks (``--tasks``, from ``../shared/data``): SST-2; the review sets books, dvd, electronics, kitchen,
   airline, yelp, amazon and imdb, each a task of its own; CoLA; the sentence-pair tasks MRPC and
-  RTE; and the multi-class tasks emotion (6 classes) and SST-5 (5), whose class names reach the rows
-  that encode the label texts (``data.label_descriptions``). A task with a train and a dev file trains from the train file; yelp and amazon (a dev file
+  RTE; and the multi-class tasks emotion (6 classes) and SST-5 (5). The class names of a task whose
+  files hold label ids (every task but RTE, whose labels are words) reach the rows that encode the
+  label texts (``data.label_descriptions``). A task with a train and a dev file trains from the train file; yelp and amazon (a dev file
   only) and imdb (a train file only) first lose a stratified, seeded ``DEV_POOL`` rows of their one
   file to a dev part, and train from the rest;
 * training: N examples per class (``data.few_shot=N``) drawn by the seed from the task's training
@@ -78,16 +79,18 @@ class Task:
 
 
 _REVIEW = {"text": "sentence", "label": "label"}
+_POLARITY = ("negative", "positive")  # 0 and 1 in every sentiment file (../shared/data/README.md)
 TASKS: dict[str, Task] = {
-    "sst2": Task("SST-2", "train.tsv", "dev.tsv", _REVIEW, "sentiment"),
-    **{d: Task(f"sentiment-ood/{d}", "train.tsv", "dev.tsv", _REVIEW, "sentiment")
+    "sst2": Task("SST-2", "train.tsv", "dev.tsv", _REVIEW, "sentiment", classes=_POLARITY),
+    **{d: Task(f"sentiment-ood/{d}", "train.tsv", "dev.tsv", _REVIEW, "sentiment", classes=_POLARITY)
        for d in ("books", "dvd", "electronics", "kitchen", "airline")},
-    "yelp": Task("sentiment-ood/yelp", None, "dev.tsv", _REVIEW, "sentiment"),
-    "amazon": Task("sentiment-ood/amazon", None, "dev.tsv", _REVIEW, "sentiment"),
-    "imdb": Task("sentiment-ood/imdb", "train.tsv", None, _REVIEW, "sentiment"),
-    "cola": Task("CoLA", "train.tsv", "dev.tsv", {"text": 3, "label": 1}, "acceptability", header="no"),
+    "yelp": Task("sentiment-ood/yelp", None, "dev.tsv", _REVIEW, "sentiment", classes=_POLARITY),
+    "amazon": Task("sentiment-ood/amazon", None, "dev.tsv", _REVIEW, "sentiment", classes=_POLARITY),
+    "imdb": Task("sentiment-ood/imdb", "train.tsv", None, _REVIEW, "sentiment", classes=_POLARITY),
+    "cola": Task("CoLA", "train.tsv", "dev.tsv", {"text": 3, "label": 1}, "acceptability", header="no",
+                 classes=("unacceptable", "acceptable")),
     "mrpc": Task("MRPC", "train.tsv", "dev.tsv", {"text": "#1 String", "text_pair": "#2 String", "label": "Quality"},
-                 "pair", max_length=128),
+                 "pair", max_length=128, classes=("not a paraphrase", "paraphrase")),
     "rte": Task("RTE", "train.tsv", "dev.tsv", {"text": "sentence1", "text_pair": "sentence2", "label": "label"},
                 "pair", max_length=128),
     # multi-class (labels 0..C-1 in the files; names from the folder's labels.txt)
