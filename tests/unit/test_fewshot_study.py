@@ -241,8 +241,10 @@ def test_averages_at_an_n_are_over_the_tasks_that_have_cells_at_that_n():
     assert next(ln for ln in n8 if ln.startswith("| ce50 |")) == "| ce50 | 72.0 | 56.0 | 64.0 | +7.0 | +11.0 | +9.0 | +14.0 | 64.0 |"
 
 
+@pytest.mark.parametrize("page_name", ["few-shot-results.md", "few-shot-fastfit.md"])
 @pytest.mark.parametrize("setfit_installed", [True, False], ids=["setfit", "no-setfit"])
-def test_the_committed_results_page_is_what_the_committed_ledger_gives(tmp_path, monkeypatch, setfit_installed):
+def test_the_committed_results_page_is_what_the_committed_ledger_gives(tmp_path, monkeypatch, setfit_installed,
+                                                                       page_name):
     """docs/few-shot-results.md is regenerated, never edited: its own command, run on the repository's ledger
     and the shared data, writes the same page (so every number the docs quote from it is reproducible), also
     where SetFit is not installed (CI's machine: --report-only reads SetFit's cells, it never runs SetFit)."""
@@ -256,7 +258,7 @@ def test_the_committed_results_page_is_what_the_committed_ledger_gives(tmp_path,
     from tests.conftest import shared_data_or_skip
 
     data = shared_data_or_skip()
-    page = (REPO / "docs" / "few-shot-results.md").read_text(encoding="utf-8")
+    page = (REPO / "docs" / page_name).read_text(encoding="utf-8")
     lines = page.splitlines()
     cmd = lines[lines.index("```") + 1]
     argv = shlex.split(cmd)
@@ -265,7 +267,7 @@ def test_the_committed_results_page_is_what_the_committed_ledger_gives(tmp_path,
     argv[argv.index("--results") + 1] = str(tmp_path / "R.md")
     study = load_study()
     assert study.main([*argv, "--data-dir", str(data), "--out", str(tmp_path / "o")]) == 0
-    again = (tmp_path / "R.md").read_text(encoding="utf-8").replace(str(tmp_path / "R.md"), "docs/few-shot-results.md")
+    again = (tmp_path / "R.md").read_text(encoding="utf-8").replace(str(tmp_path / "R.md"), f"docs/{page_name}")
     again = again.replace(f" --data-dir {data} --out {tmp_path / 'o'}", "")
     assert again == page
 
