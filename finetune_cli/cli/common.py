@@ -32,9 +32,9 @@ PrecisionOpt = Annotated[str, typer.Option(
     "--precision", help="auto | fp32 | bf16 | fp16. auto: bf16 on a GPU that has it, else fp32 (as "
                         "train.precision); fp16 needs a GPU.")]
 CudaGraphsOpt = Annotated[str, typer.Option(
-    "--cuda-graphs", metavar="off|auto|on",
-    help="Replay the forward passes from CUDA graphs, one per padded batch width (inputs padded to multiples of 32 "
-         "tokens): on (refused where it cannot run), auto (a CUDA GPU), off.")]
+    "--cuda-graphs",
+    help="off | auto | on: replay the forward passes from CUDA graphs, one per padded batch width (inputs padded to "
+         "multiples of 32 tokens); on is refused where it cannot run, auto uses them on a CUDA GPU.")]
 StrideOpt = Annotated[Optional[int], typer.Option(
     "--stride", min=0, help="Read a row longer than the length in overlapping windows sharing this many tokens "
                             "and average their logits per row, instead of cutting it (a classifier; single texts "

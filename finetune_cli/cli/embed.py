@@ -27,15 +27,15 @@ def embed_cmd(
     input_arg: Annotated[Optional[str], typer.Argument(
         metavar="INPUT", help="The sentences, as a positional argument (same as --input).", show_default=False)] = None,
     input: Annotated[Optional[str], typer.Option(
-        "--input", "-i", help="Sentences: a .txt file (one per line) or a csv/tsv/jsonl/parquet file.",
+        "--input", "-i", help="Sentences: a .txt file (one per line) or a csv, tsv, jsonl or parquet file.",
         show_default=False)] = None,
     output: Annotated[str, typer.Option(
         "--output", "-o", help="Output .npy (+ .ids.npy with the row ids: 1 for the first data row, in every format) "
                                "or .parquet.", show_default=False)] = ...,
     column: Annotated[Optional[str], typer.Option("--column", "-c", help="Column to embed (name or 0-based index; default: text).")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 64,
-    max_length: Annotated[Optional[int], typer.Option("--max-length", min=1, help="Default: a sentence-transformers folder's max_seq_length, else the length the model was trained with, else 512.")] = None,
-    normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="L2-normalise the embeddings. Default: as the folder's sentence-transformers modules say (a Normalize module), else no.", show_default=False)] = None,
+    max_length: Annotated[Optional[int], typer.Option("--max-length", min=1, help="Default: the max_seq_length of a folder saved by Sentence Transformers, else the length the model was trained with, else 512.")] = None,
+    normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="L2-normalise the embeddings. Default: as the modules of a folder saved by Sentence Transformers say (a Normalize module), else no.", show_default=False)] = None,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
     cuda_graphs: CudaGraphsOpt = "off",

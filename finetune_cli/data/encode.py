@@ -416,3 +416,26 @@ def prefetched(build: Callable[[T], Any], items: Sequence[T], pool: Optional[Exe
         b = nxt.result()
         nxt = pool.submit(build, items[k + 1]) if k + 1 < len(items) else None
         yield b
+
+
+def shape_key(batch: Any) -> tuple:
+    """The shapes and dtypes of every tensor of a batch: one graph per key."""
+    if isinstance(batch, torch.Tensor):
+        return (tuple(batch.shape), batch.dtype)
+    if isinstance(batch, dict):
+        return tuple((k, shape_key(v)) for k, v in sorted(batch.items()))
+    if isinstance(batch, (list, tuple)):
+        return tuple(shape_key(v) for v in batch)
+    return (batch,)
+
+
+def copy_into(static: Any, batch: Any) -> None:
+    """Copy ``batch`` (host, page-locked on CUDA) into the graph's input buffers, asynchronously."""
+    if isinstance(static, torch.Tensor):
+        static.copy_(batch, non_blocking=True)
+    elif isinstance(static, dict):
+        for k, v in static.items():
+            copy_into(v, batch[k])
+    elif isinstance(static, list):
+        for s, b in zip(static, batch, strict=True):
+            copy_into(s, b)

@@ -52,3 +52,13 @@ def resolve_precision(spec: str, device: torch.device, key: str = "--precision",
 def autocast_dtype(precision: str):
     """The ``torch.autocast`` dtype of a resolved precision (None: fp32, no autocast)."""
     return _AUTOCAST[precision]
+
+
+# Batch widths of the CUDA-graph paths (training's step, inference's forward): multiples of this, at
+# most the model's length, so a run meets a handful of shapes, one graph each.
+GRAPH_MULTIPLE = 32
+
+
+def device_can_capture(device: torch.device) -> bool:
+    """Whether ``device`` replays CUDA graphs (the tests stand in for a GPU by patching this)."""
+    return device.type == "cuda"

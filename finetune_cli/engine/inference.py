@@ -20,11 +20,24 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch
 
-from finetune_cli.data.encode import EncodedData, collate, encode_table, length_note, to_device
+from finetune_cli.data.encode import (
+    EncodedData,
+    collate,
+    copy_into,
+    encode_table,
+    length_note,
+    shape_key,
+    to_device,
+)
 from finetune_cli.data.sampling import sorted_batches
 from finetune_cli.data.sources import Table
-from finetune_cli.engine.device import autocast_dtype, resolve_device, resolve_precision
-from finetune_cli.engine.step import GRAPH_MULTIPLE
+from finetune_cli.engine.device import (
+    GRAPH_MULTIPLE,
+    autocast_dtype,
+    device_can_capture,
+    resolve_device,
+    resolve_precision,
+)
 from finetune_cli.errors import DataError, DeviceError, TrainingError
 from finetune_cli.models.exporters import exported_as
 from finetune_cli.models.loading import (
@@ -117,7 +130,7 @@ def forward_all(model, data: EncodedData, batch_size: int, pad_id: int, device: 
 
 class GraphedForward:
     """Inference forwards replayed from CUDA graphs: each batch is padded to ``rows`` rows (the last
-    row repeated) and to a bucket width (a multiple of :data:`~finetune_cli.engine.step.GRAPH_MULTIPLE`,
+    row repeated) and to a bucket width (a multiple of :data:`~finetune_cli.engine.device.GRAPH_MULTIPLE`,
     at most ``max_width``), so a whole evaluation meets a handful of shapes; the model's forward of
     each shape is captured once (after a warm-up off the graph), the graphs share one memory pool,
     and every batch is copied into the captured inputs and replayed: one launch instead of hundreds.
@@ -145,13 +158,11 @@ class GraphedForward:
         if not self.capture:
             out = self._outputs(to_device(features, self.device))
         else:
-            from finetune_cli.engine.step import _copy_into, _shape_key
-
-            key = _shape_key(features)
+            key = shape_key(features)
             if key not in self.graphs:
                 self.graphs[key] = self._capture(features)
             graph, static, out = self.graphs[key]
-            _copy_into(static, features)
+            copy_into(static, features)
             graph.replay()
         return {k: None if v is None else v[:n].clone() for k, v in out.items()}
 
@@ -176,8 +187,6 @@ class GraphedForward:
 
 def inference_graph_refusal(device: torch.device, exported: bool) -> Optional[str]:
     """Why this session's forwards cannot be captured as CUDA graphs, or None."""
-    from finetune_cli.engine.step import device_can_capture
-
     if exported:
         return "an exported folder runs in its own runtime"
     if not device_can_capture(device):

@@ -7,7 +7,7 @@ one at a time: on a GPU, at batch 32, a BERT-size step spends ~98 % of its time 
 
 :class:`GraphedStep` captures the same work once per batch shape as a CUDA graph and replays it: one
 launch for the forward, loss and backward of a micro-batch (one graph per padded width: batches are
-padded up to a multiple of :data:`GRAPH_MULTIPLE`, so a run meets a handful of widths), and one for
+padded up to a multiple of :data:`~finetune_cli.engine.device.GRAPH_MULTIPLE`, so a run meets a handful of widths), and one for
 clipping, the optimizer and zeroing the gradients. What that needs, and how it is met:
 
 - static memory: each graph reads its batch from buffers the real batch is copied into, and the
@@ -37,18 +37,12 @@ from typing import Any, Optional
 
 import torch
 
-from finetune_cli.data.encode import to_device
+from finetune_cli.data.encode import copy_into, shape_key, to_device
 from finetune_cli.data.sampling import Padding
+from finetune_cli.engine.device import device_can_capture
 from finetune_cli.objectives._dist import LEFT_OUT
 
-GRAPH_MULTIPLE = 32  # batch widths of the graph path: multiples of this, at most model.max_length
-
 StepOut = tuple[int, tuple[str, ...], torch.Tensor]  # examples trained on, loss-part names, their sums (device)
-
-
-def device_can_capture(device: torch.device) -> bool:
-    """Whether ``device`` replays CUDA graphs (the tests stand in for a GPU by patching this)."""
-    return device.type == "cuda"
 
 
 def graph_refusal(cfg, device: torch.device, world: int, objective) -> Optional[str]:
@@ -126,29 +120,6 @@ class EagerStep:
         return n_samples, keys, parts
 
 
-def _shape_key(batch: Any) -> tuple:
-    """The shapes and dtypes of every tensor of a batch: one graph per key."""
-    if isinstance(batch, torch.Tensor):
-        return (tuple(batch.shape), batch.dtype)
-    if isinstance(batch, dict):
-        return tuple((k, _shape_key(v)) for k, v in sorted(batch.items()))
-    if isinstance(batch, (list, tuple)):
-        return tuple(_shape_key(v) for v in batch)
-    return (batch,)
-
-
-def _copy_into(static: Any, batch: Any) -> None:
-    """Copy ``batch`` (host, page-locked on CUDA) into the graph's input buffers, asynchronously."""
-    if isinstance(static, torch.Tensor):
-        static.copy_(batch, non_blocking=True)
-    elif isinstance(static, dict):
-        for k, v in static.items():
-            _copy_into(v, batch[k])
-    elif isinstance(static, list):
-        for s, b in zip(static, batch, strict=True):
-            _copy_into(s, b)
-
-
 class GraphedStep:
     """The step replayed from CUDA graphs (see the module docstring); ``capture=False`` runs the same
     static-buffer code eagerly (the CPU). The optimizer must be torch's AdamW built with a tensor
@@ -219,7 +190,7 @@ class GraphedStep:
         self._ready = True
 
     def _graph_for(self, batch: dict[str, Any]) -> tuple[Any, Any]:
-        key = _shape_key(batch)
+        key = shape_key(batch)
         if key not in self.graphs:
             self.widths.add(int(batch["features"][0]["input_ids"].shape[1]))
             static = to_device(batch, self.device)
@@ -272,7 +243,7 @@ class GraphedStep:
         for idx in micro:
             batch = next(stream)
             graph, static = self._graph_for(batch)
-            _copy_into(static, batch)
+            copy_into(static, batch)
             if graph is None:
                 self._micro(static)
             else:

@@ -39,6 +39,7 @@ from finetune_cli.checkpoint import Checkpointer
 from finetune_cli.data.encode import EncodedData, collate, pin, prefetched, to_device
 from finetune_cli.data.sampling import Padding, epoch_batches
 from finetune_cli.engine import device_info, tracking
+from finetune_cli.engine.device import GRAPH_MULTIPLE
 from finetune_cli.engine.distributed import Processes, StopRequests, freeze_unused_parameters
 from finetune_cli.engine.head_refit import refit_head
 from finetune_cli.engine.inference import sharded
@@ -53,7 +54,7 @@ from finetune_cli.engine.setup import (
     set_train_mode,
 )
 from finetune_cli.engine.state import Interrupted, TrainResult, TrainState
-from finetune_cli.engine.step import GRAPH_MULTIPLE, EagerStep, GraphedStep, use_graphs
+from finetune_cli.engine.step import EagerStep, GraphedStep, use_graphs
 from finetune_cli.errors import TrainingError
 from finetune_cli.fsutil import atomic_dir, atomic_write_json, clean_stale_temps
 from finetune_cli.recipe import Recipe

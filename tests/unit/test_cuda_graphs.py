@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from finetune_cli.engine import step as step_mod
-from finetune_cli.engine.step import GRAPH_MULTIPLE, EagerStep, GraphedStep
+from finetune_cli.engine.device import GRAPH_MULTIPLE
+from finetune_cli.engine.step import EagerStep, GraphedStep
 from finetune_cli.errors import TrainingError
 from finetune_cli.objectives import build, registry
 from finetune_cli.pipelines.recipes import load_plan
