@@ -220,16 +220,6 @@ class OutputConfig:
     hub_private: bool = field_spec(False, help="create that Hub repository private (`finetune train --private`)")
 
 
-class _Plain:
-    """``to_dict`` / ``to_yaml`` of a recipe dataclass (training or probe)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_plain(self)
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
-
-
 # The sections of a probe recipe's ``probe:`` (see :class:`Recipe` and ``build_probe_recipe``).
 
 @dataclass(frozen=True)
@@ -274,7 +264,7 @@ class ProbeSection:
 
 
 @dataclass(frozen=True)
-class Recipe(_Plain):
+class Recipe:
     """A recipe: what ``finetune train`` trains (``data`` names the data), or, with a ``probe``
     section, what ``finetune probe`` trains stage by stage (its data named per task there)."""
 
@@ -294,6 +284,14 @@ class Recipe(_Plain):
         else:
             d.pop("data")
         return d
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+
+    @property
+    def data_section(self) -> Optional[DataConfig]:
+        """The ``data`` section; None for a probe recipe, whose data is named per task."""
+        return self.data if self.probe is None else None
 
     # ---- derived -------------------------------------------------------------------------
     @property

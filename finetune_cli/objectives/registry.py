@@ -90,7 +90,7 @@ def check_contract(recipe: Any, cls: type[Objective]) -> None:
     """Refuse, in one line, recipe keys the objective's data contract cannot serve: ``model.head:
     labels`` and ``data.label_descriptions`` need an objective that encodes the label texts
     (``label_texts``); ``data.eval_fraction`` needs one evaluated on labelled rows of its training data."""
-    data = getattr(recipe, "data", None)  # a probe recipe names its data per task
+    data = recipe.data_section  # None for a probe recipe: its data is named per task
     if recipe.train.refit_head:
         _check_refit(cls, recipe.model.problem_type, recipe.source)
     if data is not None and data.eval_fraction is not None and (cls.evaluation != "classifier" or

@@ -96,7 +96,7 @@ def resolve_problem_type(recipe: Recipe, cls: type[Objective]) -> Optional[str]:
     requested = recipe.model.problem_type
     if requested is None:
         return None
-    data = recipe.data if recipe.probe is None else None  # a probe recipe's data is per task
+    data = recipe.data_section
     problem = resolve_data_problem(data, requested) if data is not None else (
         "single_label_classification" if requested == "auto" else requested)
     if cls.needs_classifier and problem not in cls.problem_types:
@@ -135,7 +135,7 @@ def validate_recipe(recipe: Recipe) -> Recipe:
     elif names and metric not in names:
         raise RecipeError(f"`train.metric` in {recipe.source} is `{metric}`, which objective `{obj.name}` does "
                           f"not compute" + closest(metric, names, listing="it computes"))
-    repo = getattr(getattr(recipe, "output", None), "push_to_hub", None)
+    repo = recipe.output.push_to_hub
     if repo is not None:  # refused before any training, not after it
         from finetune_cli.pipelines.push import check_repo_id
 
