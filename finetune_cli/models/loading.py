@@ -284,16 +284,6 @@ def check_max_length(model, max_length: int, key: str, where: str) -> None:
                           f"set {key} to {limit} or less")
 
 
-def has_classifier(path: str) -> bool:
-    """Whether a local folder is a classifier: finetune's spec says so, or (a folder someone else
-    trained) its config names a ``*ForSequenceClassification`` architecture."""
-    spec = read_head_spec(path)
-    if spec is not None:
-        return spec.num_labels > 0
-    archs = read_config_dict(path).get("architectures") or ()
-    return any(str(a).endswith("ForSequenceClassification") for a in archs)
-
-
 def spec_from_config(config) -> HeadSpec:
     """The spec of a folder finetune did not write: a native classifier when transformers says so,
     else a bare encoder (mean pooling)."""

@@ -23,7 +23,7 @@ from finetune_cli.errors import ModelError, OutputError, RunDirError
 from finetune_cli.fsutil import atomic_dir, check_apart, check_writable_dir, public_files
 from finetune_cli.inputs import model_inputs
 from finetune_cli.models.exporters import exported_as, exporter
-from finetune_cli.models.loading import has_classifier
+from finetune_cli.models.loading import describe_model
 from finetune_cli.models.lora import is_adapter_folder
 
 
@@ -73,7 +73,7 @@ def run_export(model_name: str, output: str, ui, *, fmt: str = "transformers", m
     t0 = time.perf_counter()
     # A classifier is loaded as one (its head, pooled or native, goes into the graph); anything
     # else as an embedding model (a sentence-transformers folder's pooling and Normalize).
-    classifier = folder is not None and has_classifier(str(folder))
+    classifier = folder is not None and describe_model(str(folder)).has_classifier
     sess = open_session(model_name, device="cpu", precision="fp32", embedding=not classifier)
     adapter = is_adapter_folder(sess.path)
     if merge and not adapter:
