@@ -1,9 +1,12 @@
-"""The one device resolver (``--device auto|cpu|cuda|cuda:N`` -> a ``torch.device``) and the one
-precision rule (``auto|fp32|bf16|fp16`` on that device -> fp32, bf16 or fp16)."""
+"""The one device resolver (``--device auto|cpu|cuda|cuda:N`` -> a ``torch.device``), the one
+precision rule (``auto|fp32|bf16|fp16`` on that device -> fp32, bf16 or fp16), and what the CUDA-graph
+paths share (the bucket width, whether a device captures, the capture itself)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any, Optional
 
 import torch
 
@@ -62,3 +65,24 @@ GRAPH_MULTIPLE = 32
 def device_can_capture(device: torch.device) -> bool:
     """Whether ``device`` replays CUDA graphs (the tests stand in for a GPU by patching this)."""
     return device.type == "cuda"
+
+
+def capture_graph(fn, device: torch.device, pool: Any = None, *, warmups: int = 1,
+                  settle: Optional[Callable[[], None]] = None) -> tuple[Any, Any]:
+    """``(graph, what fn returned inside it)``: ``fn`` run ``warmups`` times on a side stream (lazy
+    initialisations, cuBLAS workspaces and kernel choices must not happen inside a capture), then
+    ``settle()`` (undo what the warm-up changed), then ``fn`` captured as a CUDA graph in ``pool``
+    (graphs of one path share it). Both graph paths capture through here: the training step
+    (``engine.step.GraphedStep``) and the inference forward (``engine.inference.GraphedForward``)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    if settle is not None:
+        settle()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out

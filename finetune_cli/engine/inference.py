@@ -34,6 +34,7 @@ from finetune_cli.data.sources import Table
 from finetune_cli.engine.device import (
     GRAPH_MULTIPLE,
     autocast_dtype,
+    capture_graph,
     device_can_capture,
     resolve_device,
     resolve_precision,
@@ -171,15 +172,7 @@ class GraphedForward:
 
         t0 = time.perf_counter()
         static = to_device({k: v.clone() for k, v in features.items()}, self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm-up off the graph (cuBLAS workspaces, kernel choices)
-            for _ in range(2):
-                self._outputs(static)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = self._outputs(static)
+        graph, out = capture_graph(lambda: self._outputs(static), self.device, self.pool, warmups=2)
         self.pool = graph.pool()
         self.capture_s += time.perf_counter() - t0
         return graph, static, out

@@ -39,7 +39,7 @@ import torch
 
 from finetune_cli.data.encode import copy_into, shape_key, to_device
 from finetune_cli.data.sampling import Padding
-from finetune_cli.engine.device import device_can_capture
+from finetune_cli.engine.device import capture_graph, device_can_capture
 from finetune_cli.objectives._dist import LEFT_OUT
 
 StepOut = tuple[int, tuple[str, ...], torch.Tensor]  # examples trained on, loss-part names, their sums (device)
@@ -204,18 +204,14 @@ class GraphedStep:
         rng = torch.cuda.get_rng_state(self.device)
         grads = [p.grad.clone() for p in self.params]
         parts = self.acc_parts.clone() if self.acc_parts is not None else None
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            self._micro(static)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        torch._foreach_copy_([p.grad for p in self.params], grads)
-        assert self.acc_parts is not None
-        self.acc_parts.copy_(parts) if parts is not None else self.acc_parts.zero_()
-        torch.cuda.set_rng_state(rng, self.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self._micro(static)
+
+        def settle() -> None:
+            torch._foreach_copy_([p.grad for p in self.params], grads)
+            assert self.acc_parts is not None
+            self.acc_parts.copy_(parts) if parts is not None else self.acc_parts.zero_()
+            torch.cuda.set_rng_state(rng, self.device)
+
+        graph, _ = capture_graph(lambda: self._micro(static), self.device, self.pool, settle=settle)
         self.pool = self.pool or graph.pool()
         torch.cuda.set_rng_state(rng, self.device)  # the capture drew nothing the replays will not draw
         self.capture_seconds += time.perf_counter() - t0

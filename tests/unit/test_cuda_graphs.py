@@ -264,3 +264,54 @@ def test_no_host_read_inside_a_step(tiny_recipe, monkeypatch, graphs):
         assert out.summary["steps"] == 6
     assert inside["steps"] == 12
     assert (inside["transformers_reads"] > 0) == (graphs == "off")
+
+
+def test_capture_graph_warms_up_off_the_graph_then_settles_then_captures(monkeypatch):
+    """The one capture both graph paths use, with torch.cuda's stream and graph calls recorded (no
+    GPU here): the warm-ups run on the side stream, the main stream waits for them, ``settle`` runs
+    after that wait and before the capture, and the capture uses the pool it is given."""
+    import contextlib
+
+    from finetune_cli.engine import device as device_mod
+
+    calls, where = [], ["main"]
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            calls.append(f"{self.name} waits {other.name}")
+
+    @contextlib.contextmanager
+    def on(stream):
+        where.append(stream.name)
+        yield
+        where.pop()
+
+    class Graph:
+        def pool(self):
+            return "pool"
+
+    @contextlib.contextmanager
+    def graph(g, pool=None):
+        calls.append(f"capture into {pool}")
+        where.append("graph")
+        yield
+        where.pop()
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda dev: Stream("side"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda dev: Stream("main"))
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+
+    def fn():
+        calls.append(f"fn on {where[-1]}")
+        return len(calls)
+
+    g, out = device_mod.capture_graph(fn, torch.device("cuda"), "shared", warmups=2,
+                                      settle=lambda: calls.append("settle"))
+    assert isinstance(g, Graph) and out == len(calls)
+    assert calls == ["side waits main", "fn on side", "fn on side", "main waits side", "settle",
+                     "capture into shared", "fn on graph"]
