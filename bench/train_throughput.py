@@ -39,8 +39,11 @@ the model for a randomly initialised BERT-base-size encoder (12 layers, 768 wide
 arithmetic, whose weights cannot be downloaded here) with the embedded model's tokenizer;
 ``--max-length 128`` is the GPU setting. On CUDA the ms/step clock synchronises the device at its
 two readings (step ``--skip`` and the last step), so queued kernels are counted. ``--profile``
-adds one more run of each runner, outside the medians, with ``torch.profiler`` over 20 steady
-steps: GPU kernel time per step against wall time per step (the rest is launch and host work).
+profiles each runner's first warm-up run (made long enough) with ``torch.profiler`` over 20 steady
+steps, outside the timed run: GPU kernel time per step against wall time per step (the rest is
+launch and host work), and where the host time goes (self time per op or CUDA runtime call, and
+how often the host waits for the device). Each worker also reports what its warm-up run left in
+device memory once it returned (a run must free its model and optimizer state).
 
 ``--proxy``: the CPU proxy: a tiny random BERT (2 layers, width 32, the real
 tokenizer), where compute is negligible and the per-step overhead of each loop shows; every runner
@@ -188,9 +191,17 @@ class StepClock:
         for e in kernels:
             top[e.name] = top.get(e.name, 0.0) + e.device_time / 1e3
         wall = self.prof_wall * 1e3
+        # The host side: where the step's wall time goes on the CPU (self time of each op or runtime
+        # call, ms per step), and how often the host waits for the device.
+        host = [(e.self_cpu_time_total / 1e3 / self.profile, e.count / self.profile, e.key)
+                for e in self.prof.key_averages() if not e.key.startswith("ProfilerStep")]
+        waits = sum(c for _, c, k in host if k in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                                   "cudaEventSynchronize", "cudaMemcpy"))
         return {"wall_ms_per_step": wall / self.profile, "kernel_ms_per_step": busy / self.profile,
                 "kernel_share": busy / wall, "kernels_per_step": len(kernels) / self.profile,
-                "top": sorted(((round(v / self.profile, 3), k[:60]) for k, v in top.items()), reverse=True)[:5]}
+                "top": sorted(((round(v / self.profile, 3), k[:60]) for k, v in top.items()), reverse=True)[:5],
+                "host_top": [(round(ms, 3), round(c, 1), k[:50]) for ms, c, k in sorted(host, reverse=True)[:8]],
+                "host_syncs_per_step": waits}
 
     def ms_per_step(self) -> float | None:
         if self.t_skip is None or self.steps <= self.skip:
@@ -295,6 +306,12 @@ def worker(a) -> None:
     work = Path(a.work)
     sents, labels = read_tsv(work / "train.tsv")
     wsents, wlabels = read_tsv(work / "warm.tsv")
+    warm_file = work / "warm.tsv"
+    if a.profile_steps:  # the warm-up run is profiled: long enough for the window after --skip steps
+        keep = (a.skip + a.profile_steps + 2) * BATCH
+        wsents, wlabels = wsents + sents[:keep], wlabels + labels[:keep]
+        warm_file = work / f"warm-profile-{a.worker}.tsv"
+        write_tsv(warm_file, wsents, wlabels)
     dev, dev_labels = read_tsv(work / "dev.tsv")
     model_path = a.model
     ft_model = model_path if model_path != "embedded" else "embedded"
@@ -315,23 +332,31 @@ def worker(a) -> None:
                           bf16=a.worker.endswith("_bf16"), device=a.device, compile=a.worker == "hf_compile_bf16")
         return run_bare(ss, ys, model_path, clock, a.device)
 
+    # The warm-up run (and, with --profile, the profile: outside the timed run, on the same runner).
+    warm_clock = (StepClock(a.skip, total=-(-len(wsents) // BATCH), cuda=a.device.startswith("cuda"),
+                            profile=a.profile_steps) if a.profile_steps else None)
     t0 = time.perf_counter()
-    once(wsents, wlabels, work / "warm.tsv", None, "warm")
+    once(wsents, wlabels, warm_file, warm_clock, "warm")
     warm_s = time.perf_counter() - t0
-    clock = StepClock(a.skip, total=-(-len(sents) // BATCH), cuda=a.device.startswith("cuda"),
-                      profile=a.profile_steps)
+    if warm_clock is not None:
+        warm_clock.close()
+    cuda = a.device.startswith("cuda")
+    # What the warm-up run left in device memory once it returned (its model and optimizer state
+    # should be gone: the timed run trains beside whatever is left).
+    left_gb = torch.cuda.memory_allocated() / 2**30 if cuda else None
+    clock = StepClock(a.skip, total=-(-len(sents) // BATCH), cuda=a.device.startswith("cuda"))
     t0 = time.perf_counter()
     model, tok, hf = once(sents, labels, work / "train.tsv", clock, "timed")
     train_s = time.perf_counter() - t0
     clock.close()
     acc = accuracy(model, tok, dev, dev_labels, hf) if a.accuracy else None
-    cuda = a.device.startswith("cuda")
     mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
     where = f"{a.device} {torch.cuda.get_device_name()}" if cuda else f"cpu, torch threads {torch.get_num_threads()}"
     print(json.dumps({"train_s": train_s, "warm_s": warm_s, "steps": clock.steps, "ms_per_step": clock.ms_per_step(),
                       "accuracy": acc, "threads": torch.get_num_threads(), "device": where, "peak_gb": mem,
+                      "left_after_warm_gb": left_gb,
                       "capture_s": GRAPHS.get("capture_seconds"), "widths": GRAPHS.get("widths"),
-                      "profile": clock.profile_summary()}))
+                      "profile": warm_clock.profile_summary() if warm_clock is not None else None}))
 
 
 # ---- parent ------------------------------------------------------------------------------------------
@@ -355,7 +380,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (every runner on it)")
     ap.add_argument("--max-length", type=int, default=MAXLEN, help=f"tokens per sentence at most (default {MAXLEN})")
     ap.add_argument("--base", action="store_true", help="a random BERT-base-size encoder instead of MiniLM")
-    ap.add_argument("--profile", action="store_true", help="one more run per runner under torch.profiler")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile each runner's first warm-up run (20 steps after --skip) with torch.profiler")
     ap.add_argument("--profile-steps", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=RUNNERS + BF16_RUNNERS, help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
@@ -384,19 +410,23 @@ def main() -> None:
         write_tsv(work / "dev.tsv", dev, dev_labels)
         results: dict[str, list[dict]] = {label[r]: [] for r in runners}
         profiles: dict[str, dict] = {}
+        failed: set[str] = set()
 
-        def run_worker(r: str, profile_steps: int = 0) -> dict:
+        def run_worker(r: str, profile_steps: int = 0) -> dict | None:
             name, _, root = r.partition("@")
             env = dict(os.environ, PYTHONPATH=str(Path(root).resolve())) if root else None
             cmd = [sys.executable, __file__, "--worker", name, "--work", str(work), "--model", model,
-                   "--skip", str(a.skip), "--accuracy", "0" if a.proxy or profile_steps else "1", "--device",
+                   "--skip", str(a.skip), "--accuracy", "0" if a.proxy else "1", "--device",
                    a.device, "--max-length", str(a.max_length), "--profile-steps", str(profile_steps),
                    *[x for o in a.ft for x in ("--ft", o)]]
             t0 = time.perf_counter()
             p = subprocess.run(cmd, capture_output=True, text=True, env=env)
             wall = time.perf_counter() - t0
-            if p.returncode != 0:
-                sys.exit(f"runner {r} failed:\n{p.stderr[-4000:]}")
+            if p.returncode != 0:  # the others still run: one broken runner must not cost the rest
+                print(f"runner {r} failed (exit {p.returncode}); left out from here on:\n{p.stderr[-4000:]}",
+                      file=sys.stderr, flush=True)
+                failed.add(r)
+                return None
             res = json.loads(p.stdout.strip().splitlines()[-1])
             res["process_s"] = wall
             return res
@@ -404,20 +434,27 @@ def main() -> None:
         for rep in range(a.repeats):
             order = runners[rep % len(runners):] + runners[:rep % len(runners)]
             for r in order:
-                res = run_worker(r)
+                # --profile: each runner's first worker profiles its warm-up run (outside its clocks)
+                res = run_worker(r, profile_steps=20 if a.profile and rep == 0 else 0) if r not in failed else None
+                if res is None:
+                    continue
                 results[label[r]].append(res)
+                if res.get("profile"):
+                    profiles[label[r]] = res["profile"]
                 acc = f"{res['accuracy']:.3f}" if res["accuracy"] is not None else "-"
-                mem = f"  peak {res['peak_gb']:.2f} GiB" if res.get("peak_gb") is not None else ""
+                mem = (f"  peak {res['peak_gb']:.2f} GiB (warm-up left {res['left_after_warm_gb']:.2f})"
+                       if res.get("peak_gb") is not None else "")
                 print(f"  repeat {rep + 1} {label[r]:<20} train {res['train_s']:7.2f}s  {res['ms_per_step'] or 0:8.2f} ms/step"
                       f"  process {res['process_s']:6.1f}s  dev acc {acc}{mem}", file=sys.stderr, flush=True)
-        for r in runners if a.profile else ():
-            profiles[label[r]] = run_worker(r, profile_steps=20)["profile"]
+        results = {r: rs for r, rs in results.items() if rs}
+        if not results:
+            sys.exit("every runner failed")
 
     med = {r: {"sent_per_s": statistics.median(n / x["train_s"] for x in rs),
                "ms_per_step": statistics.median(x["ms_per_step"] for x in rs),
                "accuracy": statistics.median(x["accuracy"] for x in rs) if rs[0]["accuracy"] is not None else None}
            for r, rs in results.items()}
-    first = results[label[runners[0]]][0]
+    first = next(iter(results.values()))[0]
     what = "tiny random BERT (proxy)" if a.proxy else "random BERT-base-size encoder" if a.base else "embedded MiniLM"
     print(f"\ndata: {source}, {n} sentences, batch {BATCH}, max_length {MAXLEN}, {what}, "
           f"{first.get('device') or 'cpu, torch threads ' + str(first['threads'])}, {a.repeats} interleaved repeats; "
@@ -437,6 +474,8 @@ def main() -> None:
             print(f"profile {r:<20}: {pr['wall_ms_per_step']:.2f} ms/step wall, {pr['kernel_ms_per_step']:.2f} ms of "
                   f"GPU kernels ({pr['kernel_share']:.0%} busy), {pr['kernels_per_step']:.0f} kernels/step; top: "
                   + "; ".join(f"{k} {v:.2f}" for v, k in pr["top"][:3]), file=sys.stderr)
+            print(f"  host {r:<17}: {pr['host_syncs_per_step']:.1f} waits for the device/step; self ms/step (calls): "
+                  + "; ".join(f"{k} {ms:.2f} ({c:g})" for ms, c, k in pr["host_top"][:6]), file=sys.stderr)
     ratios = {}
     if "finetune" in med:
         for peer in ("hf_grouped", "hf_default", "bare", *[x for x in med if x.startswith("finetune@")]):

@@ -67,6 +67,16 @@ def device_can_capture(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+def on_side_stream(fn: Callable[[], Any], device: torch.device) -> None:
+    """Run ``fn`` on a side stream that starts after the work queued so far, and make the current
+    stream wait for it: warm-ups before a capture run there (torch's rule for CUDA graphs)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+
+
 def capture_graph(fn, device: torch.device, pool: Any = None, *, warmups: int = 1,
                   settle: Optional[Callable[[], None]] = None) -> tuple[Any, Any]:
     """``(graph, what fn returned inside it)``: ``fn`` run ``warmups`` times on a side stream (lazy
@@ -74,12 +84,7 @@ def capture_graph(fn, device: torch.device, pool: Any = None, *, warmups: int = 
     ``settle()`` (undo what the warm-up changed), then ``fn`` captured as a CUDA graph in ``pool``
     (graphs of one path share it). Both graph paths capture through here: the training step
     (``engine.step.GraphedStep``) and the inference forward (``engine.inference.GraphedForward``)."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(warmups):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(side)
+    on_side_stream(lambda: [fn() for _ in range(warmups)], device)
     if settle is not None:
         settle()
     graph = torch.cuda.CUDAGraph()

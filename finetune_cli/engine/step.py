@@ -31,6 +31,7 @@ eagerly (``capture=False``): the tests check it against :class:`EagerStep` there
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections.abc import Iterator
 from typing import Any, Optional
@@ -39,7 +40,7 @@ import torch
 
 from finetune_cli.data.encode import copy_into, shape_key, to_device
 from finetune_cli.data.sampling import Padding
-from finetune_cli.engine.device import capture_graph, device_can_capture
+from finetune_cli.engine.device import capture_graph, device_can_capture, on_side_stream
 from finetune_cli.objectives._dist import LEFT_OUT
 
 StepOut = tuple[int, tuple[str, ...], torch.Tensor]  # examples trained on, loss-part names, their sums (device)
@@ -217,12 +218,35 @@ class GraphedStep:
         self.capture_seconds += time.perf_counter() - t0
         return graph
 
+    def _warm_update_kernels(self) -> None:
+        """Launch the update's kernels once (the norm, clipping, the optimizer's step, zeroing) on a
+        throwaway parameter before the update is captured: a kernel's first launch may load its module,
+        which a capture does not allow. A warm-up of the real update would need a copy of the weights
+        and the optimizer's state to undo it (three times the weights' memory at the peak)."""
+        from finetune_cli.engine.setup import tensor_lr
+
+        dummy = torch.nn.Parameter(torch.zeros(64, device=self.device))
+        dummy.grad = torch.full_like(dummy, 0.5)
+        takes = inspect.signature(type(self.optimizer)).parameters  # (defaults holds keys __init__ refuses)
+        opt = type(self.optimizer)([dummy], **{k: v for k, v in self.optimizer.defaults.items()
+                                               if k in takes and k != "lr"},
+                                   lr=tensor_lr(self.optimizer.defaults["lr"], self.device))
+
+        def update() -> None:
+            if self.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_([dummy], self.max_grad_norm)
+            opt.step()
+            torch._foreach_zero_([dummy.grad])
+
+        on_side_stream(update, self.device)
+
     def _run_update(self) -> None:
         if not self.capture:
             self._update()
             return
         if self.update_graph is None:
             t0 = time.perf_counter()
+            self._warm_update_kernels()
             self.update_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.update_graph, pool=self.pool):
                 self._update()

@@ -10,7 +10,9 @@ a different recipe there is refused unless ``overwrite``, and ``--resume`` of an
 
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +99,11 @@ def _setup(plan: Plan, run: RunDir, ui, procs: Processes, *, data_dir: Optional[
     if procs.is_main:
         run.record_split(data.split, resuming=ck is not None)
         atomic_write_text(run.recipe_file, plan.recipe.to_yaml())
+    if procs.device.type == "cuda":
+        # An earlier run in this process (a sweep's trial, a seed of a multi-seed run, a bench's warm-up)
+        # may still hold device memory in a cycle the collector has not reached (the first run's imports
+        # leave some: their caught exceptions keep that run's frames): free it before this model loads.
+        gc.collect()
     model, tokenizer = _setup_model(plan, ck, data, ui)
     trainer = _setup_trainer(plan, run, data, model, tokenizer, ui, procs, data_dir=data_dir, callbacks=callbacks)
     return trainer, data, ck
@@ -142,19 +149,24 @@ def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui
     ui.log(f"tokenised in {time.perf_counter() - t0:.1f}s (max_length {recipe.model.max_length})")
     meta = {"objective": plan.objective_name, "label_type": plan.label_type,
             **{k: getattr(recipe.model, k) for k in ("max_length", "truncation")}}
-    holder: dict[str, Trainer] = {}
+    # The model card names the step the weights come from: the trainer's state, read through a weak
+    # reference (a strong one would make trainer -> save_model -> trainer a cycle that keeps the model,
+    # its gradients and the optimizer's state in device memory after the run, until a garbage collection).
+    trainer_ref: Optional[weakref.ref[Trainer]] = None
 
     def save_model(m, out: Path) -> None:
-        st = holder["trainer"].state if "trainer" in holder else None
+        t = trainer_ref() if trainer_ref is not None else None
+        st = t.state if t is not None else None
         save_text_model(m, tokenizer, out, id2label=data.id2label or None, extra=meta,
                         max_length=recipe.model.max_length, card=model_card_info(plan, data, st))
 
-    holder["trainer"] = Trainer(model, plan.build_objective(train_enc.labels, data.num_labels), train_enc, recipe,
-                                run, procs, pad_id=pid, save_model=save_model, evaluate=eval_fn, ui=ui,
-                                sampler=plan.sampler, callbacks=callbacks)
-    if (note := warmup_note(recipe.train, holder["trainer"].total_steps)) is not None:
+    trainer = Trainer(model, plan.build_objective(train_enc.labels, data.num_labels), train_enc, recipe, run, procs,
+                      pad_id=pid, save_model=save_model, evaluate=eval_fn, ui=ui, sampler=plan.sampler,
+                      callbacks=callbacks)
+    trainer_ref = weakref.ref(trainer)
+    if (note := warmup_note(recipe.train, trainer.total_steps)) is not None:
         ui.warn(note)
-    return holder["trainer"]
+    return trainer
 
 
 def _train(trainer: Trainer, ck: Optional[Path]):  # the engine's one loop

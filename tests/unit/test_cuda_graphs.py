@@ -315,3 +315,31 @@ def test_capture_graph_warms_up_off_the_graph_then_settles_then_captures(monkeyp
     assert isinstance(g, Graph) and out == len(calls)
     assert calls == ["side waits main", "fn on side", "fn on side", "main waits side", "settle",
                      "capture into shared", "fn on graph"]
+
+
+def test_update_kernels_are_warmed_on_a_throwaway_parameter(monkeypatch):
+    """Before the update (clipping, AdamW, zeroing) is captured, its kernels run once on a throwaway
+    parameter with the run's optimizer settings (a first launch inside a capture may load a module):
+    the real weights, gradients, optimizer state and learning rate are left as they were."""
+    from types import SimpleNamespace
+
+    from finetune_cli.engine.setup import tensor_lr
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(model.parameters(), lr=tensor_lr(1e-3, torch.device("cpu")), weight_decay=0.01,
+                            fused=True)
+    step = GraphedStep(SimpleNamespace(device=torch.device("cpu")), model, None, opt, None, max_grad_norm=1.0,
+                       capture=False)
+    ran = []
+    monkeypatch.setattr(step_mod, "on_side_stream", lambda fn, device: ran.append(fn()))
+    weights = [p.detach().clone() for p in model.parameters()]
+    grads = [p.grad.clone() for p in model.parameters()]
+    lr = opt.param_groups[0]["lr"].clone()
+    step._warm_update_kernels()
+    assert len(ran) == 1
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads, strict=True))
+    assert not opt.state and torch.equal(opt.param_groups[0]["lr"], lr)
