@@ -10,7 +10,8 @@
 #   bench-minilm   bench/train_throughput.py: finetune eager and graphs against the Trainer, MiniLM
 #   bench-base     the same on a random BERT-base-size encoder
 #   bench-compile  the Trainer with torch_compile=True against finetune's graphs, MiniLM, one repeat
-# BENCH_N (default 12000) sets the bench's sentences, BENCH_REPEATS (default 2) its repeats.
+# BENCH_N (default 12000) sets the bench's sentences, BENCH_REPEATS (default 2) its repeats,
+# BENCH_RUNNERS the runners of bench-minilm and bench-base (default finetune_bf16,finetune_graphs,hf_grouped_bf16).
 set -u
 source .gpu/setup.sh || { echo "setup failed"; exit 1; }
 OUT=${OUT:-/tmp/gpu-out}
@@ -18,6 +19,7 @@ mkdir -p "$OUT"
 export FINETUNE_GPU_REPORT=$OUT/tier.jsonl
 N=${BENCH_N:-12000}
 REPEATS=${BENCH_REPEATS:-2}
+RUNNERS=${BENCH_RUNNERS:-finetune_bf16,finetune_graphs,hf_grouped_bf16}
 pt_timeout=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 170")
 bench() {  # bench NAME LIMIT ARGS...
   local name=$1 limit=$2; shift 2
@@ -37,9 +39,9 @@ for stage in "$@"; do
     tier-graphs) tier tier-graphs 200 -k "graph" ;;
     tier-rest) tier tier-rest 200 -k "not graph and not compile" ;;
     tier-compile) tier tier-compile 170 -k "compile" ;;
-    bench-minilm) bench bench-minilm 270 --runners finetune_bf16,finetune_graphs,hf_grouped_bf16 \
+    bench-minilm) bench bench-minilm 270 --runners "$RUNNERS" \
       --repeats "$REPEATS" --profile ;;
-    bench-base) bench bench-base 240 --base --runners finetune_bf16,finetune_graphs,hf_grouped_bf16 \
+    bench-base) bench bench-base 240 --base --runners "$RUNNERS" \
       --repeats "$REPEATS" ;;
     bench-compile) bench bench-compile 200 --runners finetune_graphs,hf_compile_bf16 --repeats 1 ;;
     *) echo "unknown stage $stage" ;;

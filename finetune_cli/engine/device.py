@@ -84,7 +84,8 @@ def capture_graph(fn, device: torch.device, pool: Any = None, *, warmups: int = 
     ``settle()`` (undo what the warm-up changed), then ``fn`` captured as a CUDA graph in ``pool``
     (graphs of one path share it). Both graph paths capture through here: the training step
     (``engine.step.GraphedStep``) and the inference forward (``engine.inference.GraphedForward``)."""
-    on_side_stream(lambda: [fn() for _ in range(warmups)], device)
+    if warmups:
+        on_side_stream(lambda: [fn() for _ in range(warmups)], device)
     if settle is not None:
         settle()
     graph = torch.cuda.CUDAGraph()

@@ -190,24 +190,30 @@ class GraphedStep:
                                                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
         self._ready = True
 
-    def _graph_for(self, batch: dict[str, Any]) -> tuple[Any, Any]:
+    def _graph_for(self, batch: dict[str, Any], first: bool) -> tuple[Any, Any]:
         key = shape_key(batch)
         if key not in self.graphs:
             self.widths.add(int(batch["features"][0]["input_ids"].shape[1]))
             static = to_device(batch, self.device)
-            self.graphs[key] = (self._capture_micro(static) if self.capture else None, static)
+            self.graphs[key] = (self._capture_micro(static, first) if self.capture else None, static)
         return self.graphs[key]
 
-    def _capture_micro(self, static: dict[str, Any]) -> Any:
+    def _capture_micro(self, static: dict[str, Any], first: bool) -> Any:
         """Warm up on a side stream (lazy initialisations must not happen inside a capture), undo
-        what the warm-up did (gradients, accumulated parts, the RNG), then capture."""
+        what the warm-up did (gradients, accumulated parts, the RNG), then capture. ``first``: the
+        step's first micro-batch, whose gradients are all zero (the update graph zeroes them), so
+        undoing the warm-up zeroes them again; a later one keeps a copy of them to restore (a
+        gradient-sized allocation at the peak, only when a new width turns up mid-step)."""
         t0 = time.perf_counter()
         rng = torch.cuda.get_rng_state(self.device)
-        grads = [p.grad.clone() for p in self.params]
+        grads = None if first else [p.grad.clone() for p in self.params]
         parts = self.acc_parts.clone() if self.acc_parts is not None else None
 
         def settle() -> None:
-            torch._foreach_copy_([p.grad for p in self.params], grads)
+            if grads is None:
+                torch._foreach_zero_([p.grad for p in self.params])
+            else:
+                torch._foreach_copy_([p.grad for p in self.params], grads)
             assert self.acc_parts is not None
             self.acc_parts.copy_(parts) if parts is not None else self.acc_parts.zero_()
             torch.cuda.set_rng_state(rng, self.device)
@@ -244,12 +250,10 @@ class GraphedStep:
         if not self.capture:
             self._update()
             return
-        if self.update_graph is None:
+        if self.update_graph is None:  # captured with no warm-up of its own: it changes the weights
             t0 = time.perf_counter()
             self._warm_update_kernels()
-            self.update_graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.update_graph, pool=self.pool):
-                self._update()
+            self.update_graph, _ = capture_graph(self._update, self.device, self.pool, warmups=0)
             self.capture_seconds += time.perf_counter() - t0
         self.update_graph.replay()
 
@@ -260,9 +264,9 @@ class GraphedStep:
             self._prepare()
         self.weight.fill_(1.0 / n_real)
         n_samples = 0
-        for idx in micro:
+        for j, idx in enumerate(micro):
             batch = next(stream)
-            graph, static = self._graph_for(batch)
+            graph, static = self._graph_for(batch, first=j == 0)
             copy_into(static, batch)
             if graph is None:
                 self._micro(static)

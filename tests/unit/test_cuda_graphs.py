@@ -114,11 +114,47 @@ def test_the_tensor_learning_rate_is_the_schedule_to_the_bit():
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
 
 
+class _Replay:
+    """A stand-in for a captured CUDA graph on the CPU: replaying runs the captured function."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def replay(self):
+        self.fn()
+
+    def pool(self):
+        return ("pool",)
+
+
+def _fake_capture(monkeypatch):
+    """``capture_graph`` as a GPU does it, minus the GPU: the warm-ups run (and change what they
+    change), ``settle`` undoes that, and the capture itself records without running (replays run);
+    the CUDA RNG calls use the CPU generator."""
+    calls = []
+
+    def capture(fn, device, pool=None, *, warmups=1, settle=None):
+        for _ in range(warmups):
+            fn()
+        if settle is not None:
+            settle()
+        calls.append(warmups)
+        return _Replay(fn), None
+
+    monkeypatch.setattr(step_mod, "capture_graph", capture)
+    monkeypatch.setattr(step_mod, "on_side_stream", lambda fn, device: fn())
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device=None: torch.get_rng_state())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device=None: torch.set_rng_state(state))
+    return calls
+
+
 @pytest.mark.parametrize("accum", [1, 2])
-def test_the_static_buffer_step_is_the_eager_step(tiny_model_dir, quickstart_data, accum):
+def test_the_static_buffer_step_is_the_eager_step(tiny_model_dir, quickstart_data, accum, monkeypatch):
     """What a graph replays (static input buffers, gradients accumulated in place and zeroed in the
     update, parts summed on the device, the tensor learning rate) gives the eager step's weights and
-    losses bit for bit, dropout included (same RNG draws in the same order)."""
+    losses bit for bit, dropout included (same RNG draws in the same order). ``captured``: the same
+    with the capture's warm-up and its undoing (``settle``) run as on a GPU; with two micro-batches
+    the second has a width of its own, so a capture happens mid-step, over non-zero gradients."""
     import copy
 
     from accelerate import Accelerator
@@ -127,15 +163,17 @@ def test_the_static_buffer_step_is_the_eager_step(tiny_model_dir, quickstart_dat
     from finetune_cli.recipe import TrainConfig
 
     model, tok, batch, obj = model_and_batch(tiny_model_dir, quickstart_data, "scl", batch_size=4)
+    narrow = {**batch, "features": [{k: v[:, :-2] for k, v in f.items()} for f in batch["features"]]}
     cfg = TrainConfig(lr=1e-3)
     acc = Accelerator(cpu=True)
+    captures = _fake_capture(monkeypatch)
     models, steppers = [], []
-    for kind in ("eager", "static"):
+    for kind in ("eager", "static", "captured"):
         m = copy.deepcopy(model).train()
         opt = build_optimizer(m, cfg, torch.device("cpu"), graphs=True)
         sched = build_scheduler(opt, cfg, 20)
         st = (EagerStep(acc, m, obj, opt, sched, 1.0, 1) if kind == "eager"
-              else GraphedStep(acc, m, obj, opt, sched, 1.0, capture=False))
+              else GraphedStep(acc, m, obj, opt, sched, 1.0, capture=kind == "captured"))
         models.append(m)
         steppers.append(st)
     micro = [list(range(i * 4, i * 4 + 4)) for i in range(accum)]  # (their sizes count the examples)
@@ -144,13 +182,17 @@ def test_the_static_buffer_step_is_the_eager_step(tiny_model_dir, quickstart_dat
         torch.manual_seed(123)
         res = []
         for _ in range(3):
-            stream = iter([dict(batch) for _ in micro])  # the sampler's batch (model_and_batch), once per micro-step
+            # the sampler's batch (model_and_batch), once per micro-step; the second one narrower
+            stream = iter([dict(batch) if j == 0 else dict(narrow) for j in range(len(micro))])
             res.append(st(stream, micro, accum))
         outs.append(res)
-    for (na, ka, pa), (nb, kb, pb) in zip(*outs, strict=True):
-        assert na == nb and ka == kb and torch.equal(pa, pb)
-    for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
-        assert torch.equal(p, q)
+    assert captures == [1] * accum + [0]  # a micro-batch graph per width, then the update (no warm-up)
+    for other in outs[1:]:
+        for (na, ka, pa), (nb, kb, pb) in zip(outs[0], other, strict=True):
+            assert na == nb and ka == kb and torch.equal(pa, pb)
+    for m in models[1:]:
+        for p, q in zip(models[0].parameters(), m.parameters(), strict=True):
+            assert torch.equal(p, q)
 
 
 def _train(overrides, callbacks=()):
