@@ -311,7 +311,8 @@ def test_no_host_read_inside_a_step(tiny_recipe, monkeypatch, graphs):
 def test_capture_graph_warms_up_off_the_graph_then_settles_then_captures(monkeypatch):
     """The one capture both graph paths use, with torch.cuda's stream and graph calls recorded (no
     GPU here): the warm-ups run on the side stream, the main stream waits for them, ``settle`` runs
-    after that wait and before the capture, and the capture uses the pool it is given."""
+    after that wait and before the capture, and the capture uses the pool it is given and the same
+    side stream; a second capture reuses that stream (cuBLAS keeps a workspace per stream it met)."""
     import contextlib
 
     from finetune_cli.engine import device as device_mod
@@ -336,13 +337,15 @@ def test_capture_graph_warms_up_off_the_graph_then_settles_then_captures(monkeyp
             return "pool"
 
     @contextlib.contextmanager
-    def graph(g, pool=None):
-        calls.append(f"capture into {pool}")
+    def graph(g, pool=None, stream=None):
+        calls.append(f"capture into {pool} on {stream.name}")
         where.append("graph")
         yield
         where.pop()
 
-    monkeypatch.setattr(torch.cuda, "Stream", lambda dev: Stream("side"))
+    made = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda dev: made.append(dev) or Stream(f"side{len(made)}"))
+    monkeypatch.setattr(device_mod, "_SIDE_STREAMS", {})
     monkeypatch.setattr(torch.cuda, "current_stream", lambda dev: Stream("main"))
     monkeypatch.setattr(torch.cuda, "stream", on)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
@@ -355,8 +358,13 @@ def test_capture_graph_warms_up_off_the_graph_then_settles_then_captures(monkeyp
     g, out = device_mod.capture_graph(fn, torch.device("cuda"), "shared", warmups=2,
                                       settle=lambda: calls.append("settle"))
     assert isinstance(g, Graph) and out == len(calls)
-    assert calls == ["side waits main", "fn on side", "fn on side", "main waits side", "settle",
-                     "capture into shared", "fn on graph"]
+    assert calls == ["side1 waits main", "fn on side1", "fn on side1", "main waits side1", "settle",
+                     "capture into shared on side1", "fn on graph"]
+    calls.clear()
+    device_mod.capture_graph(fn, torch.device("cuda"), "shared")
+    assert calls == ["side1 waits main", "fn on side1", "main waits side1", "capture into shared on side1",
+                     "fn on graph"]
+    assert len(made) == 1
 
 
 def test_update_kernels_are_warmed_on_a_throwaway_parameter(monkeypatch):
