@@ -191,16 +191,19 @@ def _fraction(gib: float) -> float:
     return gib * 2**30 / torch.cuda.get_device_properties(0).total_memory
 
 
-def test_out_of_memory_in_training_is_one_line_naming_the_batch_size(tmp_path):
+@pytest.mark.parametrize("graphs", ["off", "on"])
+def test_out_of_memory_in_training_is_one_line_naming_the_batch_size(tmp_path, graphs):
+    """Also with the step captured (``train.cuda_graphs=on``): the memory runs out in the capture's
+    warm-up or the capture itself, and the line is the same."""
     data = _long_reviews(tmp_path / "long.tsv", 2048)
     p = cli("train", "-r", "quickstart", "--device", "cuda", "-q", f"data.train={data}", "data.eval=null",
             "train.batch_size=2048", "model.max_length=256", "train.epochs=1", f"output.dir={tmp_path / 'runs'}",
-            prelude=LIMIT.format(_fraction(2.0)))
+            f"train.cuda_graphs={graphs}", prelude=LIMIT.format(_fraction(2.0)))
     assert p.returncode == 3, p.stderr[-3000:]
     assert "Traceback" not in p.stderr
     errs = error_lines(p)
     assert len(errs) == 1 and "out of memory" in errs[0] and "train.batch_size=2048" in errs[0], p.stderr[-2000:]
-    report(test="oom_train", rc=p.returncode, line=errs[0])
+    report(test=f"oom_train_graphs_{graphs}", rc=p.returncode, line=errs[0])
 
 
 def test_out_of_memory_in_predict_is_one_line_naming_the_batch_size(trained, tmp_path):
