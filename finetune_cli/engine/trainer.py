@@ -337,7 +337,9 @@ class Trainer:
             raise TrainingError(
                 f"out of memory on {self.device_name} at step {self.state.step + 1} with train.batch_size="
                 f"{self.cfg.batch_size}: lower train.batch_size (raise train.grad_accum to keep the "
-                "effective batch), lower model.max_length or set train.gradient_checkpointing=true") from None
+                "effective batch), lower model.max_length"
+                + (", or set train.cuda_graphs=off (a captured step keeps its gradients for the whole run)"
+                   if self.graphs else " or set train.gradient_checkpointing=true")) from None
         except KeyboardInterrupt:
             # Model weights are those of the last completed step; save them with the RNG state
             # from the start of the step that was cut short, so a resume replays it exactly.

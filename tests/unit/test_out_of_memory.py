@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from tests.unit._cli import invoke, one_error_line
 
 
-def test_out_of_memory_at_a_training_step(tiny_recipe, tmp_path, monkeypatch):
+@pytest.mark.parametrize("graphs", ["off", "on"])
+def test_out_of_memory_at_a_training_step(tiny_recipe, tmp_path, monkeypatch, graphs):
+    """With the step captured (a GPU stood in for: the CPU runs the graphs' static-buffer step) the
+    line also names train.cuda_graphs=off, which frees the gradients between steps."""
+    from finetune_cli.engine import step as step_mod
     from finetune_cli.objectives.ce import CrossEntropy
+
+    monkeypatch.setattr(step_mod, "device_can_capture", lambda device: True)
 
     calls = {"n": 0}
     orig = CrossEntropy.forward
@@ -23,11 +30,14 @@ def test_out_of_memory_at_a_training_step(tiny_recipe, tmp_path, monkeypatch):
         return orig(self, model, batch)
 
     monkeypatch.setattr(CrossEntropy, "forward", oom_at_step_3)
-    res = invoke("train", "-r", "quickstart", *tiny_recipe("train.save_every=1"), "--device", "cpu", "-q")
+    res = invoke("train", "-r", "quickstart", *tiny_recipe("train.save_every=1", f"train.cuda_graphs={graphs}"),
+                 "--device", "cpu", "-q")
     assert res.exit_code == 3
     line = one_error_line(res)
     assert line.startswith("error: out of memory on cpu") and "at step 3 with train.batch_size=8" in line, line
     assert "train.grad_accum" in line and "Traceback" not in res.output
+    assert ("train.cuda_graphs=off" in line) == (graphs == "on") and \
+        ("gradient_checkpointing" in line) == (graphs == "off")
     run = tmp_path / "runs" / "tiny"
     assert (run / "checkpoint-2").is_dir() and not (run / "summary.json").exists()  # nothing lost
 
