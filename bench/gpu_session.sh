@@ -10,6 +10,7 @@
 #   bench-minilm   bench/train_throughput.py: finetune eager and graphs against the Trainer, MiniLM
 #   bench-base     the same on a random BERT-base-size encoder
 #   bench-compile  the Trainer with torch_compile=True against finetune's graphs, MiniLM, one repeat
+#   probe          bench/gpu_probe.py: what finished runs leave in device memory, cuDNN attention A/B
 # BENCH_N (default 12000) sets the bench's sentences, BENCH_REPEATS (default 2) its repeats,
 # BENCH_RUNNERS the runners of bench-minilm and bench-base (default finetune_bf16,finetune_graphs,hf_grouped_bf16).
 set -u
@@ -44,6 +45,8 @@ for stage in "$@"; do
     bench-base) bench bench-base 240 --base --runners "$RUNNERS" \
       --repeats "$REPEATS" ;;
     bench-compile) bench bench-compile 200 --runners finetune_graphs,hf_compile_bf16 --repeats 1 ;;
+    probe) timeout 120 python3 bench/gpu_probe.py left sdpa > "$OUT/probe.log" 2>&1
+      echo "[probe] exit $? after $SECONDS s"; grep -E '^\[|^run|^  ' "$OUT/probe.log" | tail -25 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
