@@ -4,6 +4,7 @@ and its parameter groups, the learning-rate schedule, the evaluation cadence, an
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -38,6 +39,11 @@ def make_accelerator(dev: torch.device, precision: str, graphs: bool = False, **
         from accelerate.state import AcceleratorState
 
         AcceleratorState._reset_state(reset_partial_state=True)
+    if dev.type == "cuda":
+        # An earlier run in this process may sit in a cycle the collector has not reached yet (a first
+        # run's imports leave some: caught exceptions keep its frames), holding device memory: free it
+        # before this run's model moves to the device.
+        gc.collect()
     prec = resolve_precision(precision, dev, "train.precision", TrainingError)
     mp = "no" if prec == "fp32" else prec  # accelerate's name for no mixed precision
     handlers = [AutocastKwargs(cache_enabled=False)] if graphs else []

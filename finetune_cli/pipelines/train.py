@@ -10,7 +10,6 @@ a different recipe there is refused unless ``overwrite``, and ``--resume`` of an
 
 from __future__ import annotations
 
-import gc
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -99,11 +98,6 @@ def _setup(plan: Plan, run: RunDir, ui, procs: Processes, *, data_dir: Optional[
     if procs.is_main:
         run.record_split(data.split, resuming=ck is not None)
         atomic_write_text(run.recipe_file, plan.recipe.to_yaml())
-    if procs.device.type == "cuda":
-        # An earlier run in this process (a sweep's trial, a seed of a multi-seed run, a bench's warm-up)
-        # may still hold device memory in a cycle the collector has not reached (the first run's imports
-        # leave some: their caught exceptions keep that run's frames): free it before this model loads.
-        gc.collect()
     model, tokenizer = _setup_model(plan, ck, data, ui)
     trainer = _setup_trainer(plan, run, data, model, tokenizer, ui, procs, data_dir=data_dir, callbacks=callbacks)
     return trainer, data, ck
@@ -149,14 +143,11 @@ def _setup_trainer(plan: Plan, run: RunDir, data: TaskData, model, tokenizer, ui
     ui.log(f"tokenised in {time.perf_counter() - t0:.1f}s (max_length {recipe.model.max_length})")
     meta = {"objective": plan.objective_name, "label_type": plan.label_type,
             **{k: getattr(recipe.model, k) for k in ("max_length", "truncation")}}
-    # The model card names the step the weights come from: the trainer's state, read through a weak
-    # reference (a strong one would make trainer -> save_model -> trainer a cycle that keeps the model,
-    # its gradients and the optimizer's state in device memory after the run, until a garbage collection).
+    # weakly held: trainer -> save_model -> trainer would keep the run in (device) memory after it ends
     trainer_ref: Optional[weakref.ref[Trainer]] = None
 
     def save_model(m, out: Path) -> None:
-        t = trainer_ref() if trainer_ref is not None else None
-        st = t.state if t is not None else None
+        st = t.state if trainer_ref is not None and (t := trainer_ref()) is not None else None
         save_text_model(m, tokenizer, out, id2label=data.id2label or None, extra=meta,
                         max_length=recipe.model.max_length, card=model_card_info(plan, data, st))
 
