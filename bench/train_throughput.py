@@ -332,19 +332,19 @@ def worker(a) -> None:
                           bf16=a.worker.endswith("_bf16"), device=a.device, compile=a.worker == "hf_compile_bf16")
         return run_bare(ss, ys, model_path, clock, a.device)
 
+    cuda = a.device.startswith("cuda")
     # The warm-up run (and, with --profile, the profile: outside the timed run, on the same runner).
-    warm_clock = (StepClock(a.skip, total=-(-len(wsents) // BATCH), cuda=a.device.startswith("cuda"),
-                            profile=a.profile_steps) if a.profile_steps else None)
+    warm_clock = (StepClock(a.skip, total=-(-len(wsents) // BATCH), cuda=cuda, profile=a.profile_steps)
+                  if a.profile_steps else None)
     t0 = time.perf_counter()
     once(wsents, wlabels, warm_file, warm_clock, "warm")
     warm_s = time.perf_counter() - t0
     if warm_clock is not None:
         warm_clock.close()
-    cuda = a.device.startswith("cuda")
     # What the warm-up run left in device memory once it returned (its model and optimizer state
     # should be gone: the timed run trains beside whatever is left).
     left_gb = torch.cuda.memory_allocated() / 2**30 if cuda else None
-    clock = StepClock(a.skip, total=-(-len(sents) // BATCH), cuda=a.device.startswith("cuda"))
+    clock = StepClock(a.skip, total=-(-len(sents) // BATCH), cuda=cuda)
     t0 = time.perf_counter()
     model, tok, hf = once(sents, labels, work / "train.tsv", clock, "timed")
     train_s = time.perf_counter() - t0

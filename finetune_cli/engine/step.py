@@ -162,12 +162,14 @@ class GraphedStep:
         assert self.acc_parts is not None
         self.acc_parts.add_(torch.stack([parts[k] for k in self.keys]))
 
-    def _update(self) -> None:
-        """Clip, step, and zero the gradients in place (their memory is the graphs')."""
-        grads = [p.grad for p in self.params]
+    def _update(self, params: Optional[list[torch.Tensor]] = None, optimizer: Any = None) -> None:
+        """Clip, step, and zero the gradients in place (their memory is the graphs'); of the run's
+        parameters and optimizer unless others are given (:meth:`_warm_update_kernels`)."""
+        params, optimizer = params or self.params, optimizer or self.optimizer
+        grads = [p.grad for p in params]
         if self.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-        self.optimizer.step()
+            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        optimizer.step()
         torch._foreach_zero_(grads)
 
     # ---- before the first capture -------------------------------------------------------------
@@ -237,14 +239,7 @@ class GraphedStep:
         opt = type(self.optimizer)([dummy], **{k: v for k, v in self.optimizer.defaults.items()
                                                if k in takes and k != "lr"},
                                    lr=tensor_lr(self.optimizer.defaults["lr"], self.device))
-
-        def update() -> None:
-            if self.max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_([dummy], self.max_grad_norm)
-            opt.step()
-            torch._foreach_zero_([dummy.grad])
-
-        on_side_stream(update, self.device)
+        on_side_stream(lambda: self._update([dummy], opt), self.device)
 
     def _run_update(self) -> None:
         if not self.capture:
