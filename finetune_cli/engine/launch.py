@@ -105,13 +105,17 @@ def verdict(reports: dict[int, tuple[int, str]], exits: dict[int, int], world: i
 
     In order: a worker's own error (the lowest rank's), not one caused by the others; then a worker
     that died without a word (killed, e.g. out of memory: a lost process, exit 6; a crash outside
-    the CLI's error path keeps its code); then a worker's report
-    that a peer was lost; then an interruption."""
+    the CLI's error path keeps its code; one the agent stopped with SIGTERM only when no other died
+    so); then a worker's report that a peer was lost; then an interruption."""
     lost = PeerLostError.exit_code
     own = sorted(r for r, (c, _) in reports.items() if c not in (lost, INTERRUPTED))
     if own:
         return reports[own[0]]
-    silent = sorted(r for r, c in exits.items() if c != 0 and r not in reports)
+    # The agent stops the survivors with SIGTERM, and a rank it stops before its handler writes a
+    # report is silent too: a rank dead of anything else is the cause (seen in a CI run: rank 1
+    # SIGKILLed, rank 0 SIGTERMed without a report, and the line named rank 0).
+    silent = sorted((r for r, c in exits.items() if c != 0 and r not in reports),
+                    key=lambda r: (exits[r] == -signal.SIGTERM, r))
     if silent:
         r, c = silent[0], exits[silent[0]]
         how = f"was killed by {signal.Signals(-c).name}" if c < 0 else f"exited with code {c} without an error line"

@@ -84,6 +84,11 @@ def test_launcher_verdict_is_the_line_that_explains_the_run():
     code, line = verdict({0: lost}, {0: 6, 1: -9}, 2)
     assert code == 6 and line.startswith("process 1 of 2 was killed by SIGKILL")
     assert verdict({0: lost, 1: stop}, {0: 6, 1: 130}, 2) == lost
+    # rank 0 stopped by the agent (SIGTERM) before it could write a report: rank 1's death is the cause
+    code, line = verdict({}, {0: -15, 1: -9}, 2)
+    assert code == 6 and line.startswith("process 1 of 2 was killed by SIGKILL")
+    assert verdict({}, {0: -15, 1: 3}, 2)[1].startswith("process 1 of 2 exited with code 3")
+    assert verdict({}, {0: -15, 1: -15}, 2)[1].startswith("process 0 of 2 was killed by SIGTERM")
     assert verdict({0: stop, 1: stop}, {}, 2) == stop  # the launcher itself was stopped: no exits
 
 
