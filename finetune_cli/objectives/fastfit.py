@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -67,10 +67,10 @@ def supcon_from_similarity(sim: torch.Tensor, labels: torch.Tensor, tau: float) 
     return per_anchor[has].mean()
 
 
-def fastfit_similarity(tokens: torch.Tensor, mask: torch.Tensor, pooled: torch.Tensor, is_label: torch.Tensor,
-                       similarity: str) -> torch.Tensor:
-    """``S`` over the rows of one encoded batch (texts and label texts): cosine of the pooled
-    embeddings, or :func:`max_sim` of the token states with the text-to-label entries made symmetric."""
+def fastfit_similarity(tokens: Optional[torch.Tensor], mask: Optional[torch.Tensor], pooled: torch.Tensor,
+                       is_label: torch.Tensor, similarity: str) -> torch.Tensor:
+    """``S`` over the rows of a step (texts and label texts): cosine of the pooled embeddings, or
+    :func:`max_sim` of the token states with the text-to-label entries made symmetric."""
     if similarity == "pooled":
         z = F.normalize(pooled.float(), dim=-1)
         return z @ z.T
@@ -92,6 +92,14 @@ def stack_padded(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], pad_id:
     return {k: torch.cat([pa[k], pb[k].to(pa[k].dtype)]) for k in pa if k in pb}
 
 
+def stack_token_states(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two passes' ``(token states (n, L, d), mask (n, L))`` as one, the narrower padded with masked zeros."""
+    width = max(a[1].shape[1], b[1].shape[1])
+    return (torch.cat([F.pad(t, (0, 0, 0, width - t.shape[1])) for t, _ in (a, b)]),
+            torch.cat([F.pad(m, (0, width - m.shape[1])) for _, m in (a, b)]))
+
+
 @register("fastfit")
 class FastFit(Objective):
     r"""Supervised contrastive loss over the texts and their label texts, plus a down-weighted CE.
@@ -100,16 +108,16 @@ class FastFit(Objective):
               L_{sim} = \frac{1}{2VB}\sum_{i} \frac{-1}{|P(i)|}\sum_{p\in P(i)}
               \log\frac{\exp(s(i,p)/\tau)}{\sum_{a\ne i}\exp(s(i,a)/\tau)}
 
-    Each step encodes, in one forward pass and ``views`` (V) times with fresh dropout, the B texts of
-    the batch and beside each text its label's text (the name, or ``data.label_descriptions``): 2VB
-    rows, each an anchor; ``P(i)`` = every other row of ``i``'s class, so a text's positives are the
+    Each step encodes ``views`` (V) times with fresh dropout the B texts of the batch and, for each
+    text, its label's text (the name, or ``data.label_descriptions``): 2VB rows, each an anchor (the
+    texts in one forward pass, the label texts in a second at their own, shorter width); ``P(i)`` = every other row of ``i``'s class, so a text's positives are the
     other texts of its class and every copy of its label. ``s`` is ``similarity``: ``tokens`` (the
     paper's): for each token of ``i`` the best cosine over the tokens of ``a``, averaged over ``i``'s
     tokens (padding excluded), and a label row's similarity to a text is the text's to the label
     (the reference's symmetric mode); ``pooled``: cosine of the ``model.pooling`` embeddings.
     The CE term is on the classifier's logits for the VB text rows; with ``model.head: labels`` the
     classifier is the label texts themselves: logits ``cos(x, label_c)/τ`` of the pooled
-    embeddings against all C label texts encoded in the same pass, the function the saved head computes.
+    embeddings against all C label texts encoded in the same step, the function the saved head computes.
 
     Paper: Yehudai, Bandel, "When LLMs are Unfit Use FastFit: Fast and Effective Text Classification
     with Many Classes", NAACL 2024 demo (arXiv 2404.12365); reference code github.com/IBM/fastfit
@@ -143,7 +151,7 @@ class FastFit(Objective):
     process's batch, as in the reference (no gathering across processes).
     """
 
-    not_capturable = "it selects the text rows of its batch with a boolean mask (a shape read on the host)"
+    not_capturable = "its loss averages over the rows with a positive, picked by a boolean mask (a host read)"
     sampler = "class_balanced"
     label_texts = True
     parts = ("ce", "sim")
@@ -164,24 +172,28 @@ class FastFit(Objective):
             raise ValueError("fastfit needs the label texts: the model holds none (TextModel.set_label_texts)")
         f, labels = batch["features"][0], batch["labels"]
         b, v = len(labels), self.views
-        docs = {k: t[labels] for k, t in label_inputs.items()}
-        rows = repeat_rows(stack_padded(f, docs, heads.label_pad_id), v)  # [texts, labels] x V
+        # The label texts are a few tokens where the texts are tens: encoded in a pass of their own at
+        # their own width instead of padded to the texts' (half the encoder's work a step on SST-2).
+        docs = repeat_rows({k: t[labels] for k, t in label_inputs.items()}, v)  # [labels] x V
         if heads.label_head:  # every label once more, for the CE over all classes
-            rows = stack_padded(rows, label_inputs, heads.label_pad_id)
-        out = model(rows)
+            docs = stack_padded(docs, label_inputs, heads.label_pad_id)
+        out, out_l = model(repeat_rows(f, v)), model(docs)  # [texts] x V, then the label rows
         n = 2 * b * v
         y = labels.repeat(2 * v)
-        is_label = (torch.arange(n, device=labels.device) // b % 2).bool()  # rows: texts, labels, texts, ...
-        sim = fastfit_similarity(out.tokens[:n], rows["attention_mask"][:n], out.embeddings[:n], is_label,
+        is_label = torch.arange(n, device=labels.device) >= b * v  # rows: the VB texts, then their VB labels
+        tokens = mask = None  # (a pooled similarity reads the embeddings only)
+        if self.similarity == "tokens":
+            tokens, mask = stack_token_states((out.tokens, f["attention_mask"].repeat(v, 1)),
+                                              (out_l.tokens[:b * v], docs["attention_mask"][:b * v]))
+        sim = fastfit_similarity(tokens, mask, torch.cat([out.embeddings, out_l.embeddings[:b * v]]), is_label,
                                  self.similarity)
         sim_loss = supcon_from_similarity(sim, y, self.tau)
-        text_rows = ~is_label
         if heads.label_head:
-            x = F.normalize(out.embeddings[:n][text_rows].float(), dim=-1)
-            w = F.normalize(out.embeddings[n:].float(), dim=-1)
+            x = F.normalize(out.embeddings.float(), dim=-1)
+            w = F.normalize(out_l.embeddings[b * v:].float(), dim=-1)
             logits = x @ w.T / heads.spec.temperature
         else:
-            logits = out.logits[:n][text_rows]
+            logits = out.logits
         ce = cross_entropy(logits, labels.repeat(v))
         loss = sim_loss + self.clf_weight * ce
         return {"loss": loss, "ce": ce.detach(), "sim": sim_loss.detach()}

@@ -122,26 +122,27 @@ def test_loss_matches_the_paper_loop_on_a_tiny_model(tiny_model_dir, quickstart_
 
 
 def test_loss_matches_the_loop_on_its_own_forward(tiny_model_dir, quickstart_data):
-    """The same loop on the token states of the objective's own padded forward agrees to 1e-6."""
+    """The same loop on the token states of the objective's own two passes (the texts at their
+    width, the label texts at theirs) agrees to 1e-6."""
     from finetune_cli.objectives.base import repeat_rows
-    from finetune_cli.objectives.fastfit import stack_padded
 
     model, tok, batch, obj = _setup(tiny_model_dir, quickstart_data, "objective.views=2")
     model.eval()
     got = obj(model, batch)["sim"].item()
     labels = batch["labels"]
     lab = model.label_inputs()
-    rows = repeat_rows(stack_padded(batch["features"][0], {k: v[labels] for k, v in lab.items()}, 0), 2)
+    texts, docs = repeat_rows(batch["features"][0], 2), repeat_rows({k: v[labels] for k, v in lab.items()}, 2)
+    assert docs["input_ids"].shape[1] < texts["input_ids"].shape[1]  # the label texts' own, shorter width
     with torch.no_grad():
-        t = F.normalize(model(rows).tokens.double(), dim=-1)
-    lens = rows["attention_mask"].sum(1).tolist()
+        t = [F.normalize(x, dim=-1).tolist() for rows in (texts, docs) for x in model(rows).tokens.double()]
+    lens = texts["attention_mask"].sum(1).tolist() + docs["attention_mask"].sum(1).tolist()
     b = len(labels)
-    is_label = [(r // b) % 2 == 1 for r in range(4 * b)]
+    is_label = [r >= 2 * b for r in range(4 * b)]
     sim = [[0.0] * (4 * b) for _ in range(4 * b)]
     for i in range(4 * b):
         for j in range(4 * b):
             p, q = (j, i) if is_label[i] and not is_label[j] else (i, j)
-            sim[i][j] = loop_max_sim(t[p].tolist(), lens[p], t[q].tolist(), lens[q])
+            sim[i][j] = loop_max_sim(t[p], lens[p], t[q], lens[q])
     assert got == pytest.approx(loop_supcon(sim, labels.tolist() * 4, 0.07), abs=1e-6)
 
 
