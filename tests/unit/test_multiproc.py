@@ -228,9 +228,10 @@ def test_two_nodes_on_one_machine_equal_one_node(ce_run, small_model, tmp_path):
     _assert_same_weights(ref / "final", tmp_path / "runs" / "ce" / "final")
 
 
-@pytest.mark.parametrize(("objective", "nproc"), [("scl", 2), ("simcse_unsup", 2), ("ce", 1)])
+@pytest.mark.parametrize(("objective", "nproc"), [("scl", 2), ("simcse_unsup", 2), ("fastfit", 2), ("ce", 1)])
 def test_other_objectives_end_to_end(objective, nproc, small_model, sts_file, tmp_path):
-    """scl and simcse_unsup on 2 processes; ce on *one* process under torchrun (accelerate still wraps
+    """scl, simcse_unsup and fastfit (two forward passes, the texts' and the label texts', before one
+    backward under DDP) on 2 processes; ce on *one* process under torchrun (accelerate still wraps
     the model in DDP there, so the unused pooler must be frozen too)."""
     if objective == "simcse_unsup":
         extra = ("-r", "simcse_unsup", f"data.eval={sts_file}", "data.columns.text=sentence", "~data.columns.label")
