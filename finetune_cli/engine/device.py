@@ -74,7 +74,8 @@ def side_stream(device: torch.device) -> Any:
     """The one side stream of ``device`` in this process, where every warm-up and capture runs.
     One, not a fresh one each time: cuBLAS keeps a workspace (~64 MiB on a Hopper GPU) for every
     stream it has run on, for the life of the process, so a fresh stream per capture left 64 MiB
-    allocated per graph, run after run (seen on an H200: +0.125 GiB left by each run that captured two shapes)."""
+    allocated per graph, run after run (seen on an H200: +0.125 GiB left by each run that captured
+    two shapes)."""
     key = torch.device(device)
     if key not in _SIDE_STREAMS:
         _SIDE_STREAMS[key] = torch.cuda.Stream(key)

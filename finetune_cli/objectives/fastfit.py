@@ -110,8 +110,9 @@ class FastFit(Objective):
 
     Each step encodes ``views`` (V) times with fresh dropout the B texts of the batch and, for each
     text, its label's text (the name, or ``data.label_descriptions``): 2VB rows, each an anchor (the
-    texts in one forward pass, the label texts in a second at their own, shorter width); ``P(i)`` = every other row of ``i``'s class, so a text's positives are the
-    other texts of its class and every copy of its label. ``s`` is ``similarity``: ``tokens`` (the
+    texts in one forward pass, the label texts in a second at their own, shorter width);
+    ``P(i)`` = every other row of ``i``'s class, so a text's positives are the other texts of its
+    class and every copy of its label. ``s`` is ``similarity``: ``tokens`` (the
     paper's): for each token of ``i`` the best cosine over the tokens of ``a``, averaged over ``i``'s
     tokens (padding excluded), and a label row's similarity to a text is the text's to the label
     (the reference's symmetric mode); ``pooled``: cosine of the ``model.pooling`` embeddings.
@@ -185,8 +186,8 @@ class FastFit(Objective):
         if self.similarity == "tokens":
             tokens, mask = stack_token_states((out.tokens, f["attention_mask"].repeat(v, 1)),
                                               (out_l.tokens[:b * v], docs["attention_mask"][:b * v]))
-        sim = fastfit_similarity(tokens, mask, torch.cat([out.embeddings, out_l.embeddings[:b * v]]), is_label,
-                                 self.similarity)
+        pooled = torch.cat([out.embeddings, out_l.embeddings[:b * v]])
+        sim = fastfit_similarity(tokens, mask, pooled, is_label, self.similarity)
         sim_loss = supcon_from_similarity(sim, y, self.tau)
         if heads.label_head:
             x = F.normalize(out.embeddings.float(), dim=-1)
